@@ -1,0 +1,116 @@
+"""Shared helpers for the benchmark scripts: timing, system facts, and JSON/PNG/table output."""
+
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+__all__ = ["RESULTS", "median_time", "interleaved_medians", "cuda_event_timer", "cuda_median_time",
+           "system_facts", "write_json", "print_table"]
+
+
+def median_time(fn, reps, warmup=1):
+    """Median wall time of ``fn()`` in seconds over ``reps`` runs after ``warmup`` runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def interleaved_medians(fns, reps, min_seconds=0.3, max_rounds=500, timer=None):
+    """Median time of each ``fns[name]()``, timed in interleaved rounds.
+
+    One round times every function once, in order, so slow drifts of a noisy
+    machine (turbo, other tenants) hit all of them alike.  Rounds repeat until
+    there are ``reps`` of them and ``min_seconds`` have passed (small inputs get
+    more rounds), at most ``max_rounds``.  ``timer(fn)`` measures one call
+    (wall clock by default).
+    """
+    timer = timer or _wall
+    for fn in fns.values():
+        fn()  # warm-up: compile, fault pages in
+    samples = {name: [] for name in fns}
+    start = time.perf_counter()
+    rounds = 0
+    while rounds < reps or (time.perf_counter() - start < min_seconds and rounds < max_rounds):
+        for name, fn in fns.items():
+            samples[name].append(timer(fn))
+        rounds += 1
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def _wall(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def cuda_event_timer(fn):
+    """GPU time of one ``fn()`` call, from CUDA events on the current stream."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def cuda_median_time(fn, reps, warmup=1):
+    """Median GPU time of ``fn()`` in seconds, bracketed by CUDA events on the current stream."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    return statistics.median(cuda_event_timer(fn) for _ in range(reps))
+
+
+def system_facts():
+    """What the numbers were measured on."""
+    import numba
+    import torch
+
+    from directload.capabilities import capabilities
+
+    return {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "numba_threads": numba.get_num_threads(),
+        "torch": torch.__version__,
+        "capabilities": capabilities().as_dict(),
+    }
+
+
+def write_json(name, payload):
+    """Write ``benchmarks/results/<name>.json``; returns the path."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2))
+    return path
+
+
+def print_table(rows, columns):
+    """Print a list of dicts as an aligned text table, in ``columns`` order."""
+    cells = [[_fmt(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    print("  ".join(c.rjust(w) for c, w in zip(columns, widths)))
+    for row in cells:
+        print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
+
+
+def _fmt(v):
+    if isinstance(v, float):
+        return f"{v:.2f}"
+    return str(v)

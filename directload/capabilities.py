@@ -1,0 +1,137 @@
+"""What this machine can do (CUDA, CuPy, NVRTC, Numba CUDA simulator, io_uring), decided once."""
+
+import functools
+import os
+from dataclasses import asdict, dataclass
+
+__all__ = ["Capabilities", "capabilities"]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """Answers of :func:`capabilities`.
+
+    Attributes
+    ----------
+    cuda : bool
+        A CUDA device is usable by torch.
+    device_count : int
+        CUDA devices visible.
+    device_name : str
+        Name of device 0, or ``""``.
+    cupy : str
+        CuPy version, or ``""`` when it does not import.
+    nvrtc : str
+        Path of the libnvrtc used for offline and CuPy compiles, or ``""``.
+    numba_cuda : str
+        ``"NVIDIA"`` (numba-cuda), ``"Built-in"``, ``"simulator"`` or ``""``.
+    cudasim : bool
+        ``NUMBA_ENABLE_CUDASIM=1``: Numba CUDA kernels run on the CPU simulator.
+    io_uring : bool
+        The ``liburing`` package imports and the kernel lets it set up a ring.
+    cpu_threads : int
+        Threads the CPU gather kernel uses.
+    host_memory : str
+        Memory new unified tensors get: ``"pinned-mapped"`` with CUDA, else
+        ``"host"`` (ordinary pageable memory).
+    """
+
+    cuda: bool
+    device_count: int
+    device_name: str
+    cupy: str
+    nvrtc: str
+    numba_cuda: str
+    cudasim: bool
+    io_uring: bool
+    cpu_threads: int
+    host_memory: str
+
+    def as_dict(self):
+        """Plain dict, for JSON reports."""
+        return asdict(self)
+
+
+def _cuda():
+    import torch
+
+    # torch checks the driver without creating a context.
+    if not torch.cuda.is_available():
+        return False, 0, ""
+    n = torch.cuda.device_count()
+    return n > 0, n, torch.cuda.get_device_name(0) if n else ""
+
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError:
+        return ""
+    return cupy.__version__
+
+
+def _nvrtc():
+    from directload.kernels.nvrtc import find_libnvrtc
+
+    return find_libnvrtc() or ""
+
+
+def _numba_cuda(cudasim):
+    if cudasim:
+        return "simulator"
+    try:
+        from numba import cuda
+    except ImportError:
+        return ""
+    return getattr(cuda, "implementation", "Built-in")
+
+
+def _io_uring():
+    try:
+        import liburing
+    except ImportError:
+        return False
+    ring = liburing.Ring()
+    try:
+        if liburing.io_uring_queue_init(8, ring) < 0:
+            return False
+    except OSError:  # EPERM/ENOSYS when the kernel forbids io_uring
+        return False
+    liburing.io_uring_queue_exit(ring)
+    return True
+
+
+@functools.cache
+def capabilities():
+    """Probe the machine once; later calls return the same answer.
+
+    Nothing is probed at import; the first call loads the CUDA driver through
+    torch (no context is created), imports CuPy and Numba, and opens and closes
+    one io_uring ring.
+
+    Returns
+    -------
+    Capabilities
+
+    Examples
+    --------
+    >>> caps = capabilities()
+    >>> caps.host_memory in ("pinned-mapped", "host")
+    True
+    """
+    import numba
+
+    cudasim = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
+    cuda, count, name = _cuda()
+    return Capabilities(
+        cuda=cuda,
+        device_count=count,
+        device_name=name,
+        cupy=_cupy(),
+        nvrtc=_nvrtc(),
+        numba_cuda=_numba_cuda(cudasim),
+        cudasim=cudasim,
+        io_uring=_io_uring(),
+        cpu_threads=numba.get_num_threads(),
+        host_memory="pinned-mapped" if cuda else "host",
+    )

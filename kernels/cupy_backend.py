@@ -1,0 +1,74 @@
+"""CuPy backend: the CUDA C kernels of kernels/cuda/gather.cu, loaded through ``cupy.RawModule``."""
+
+import functools
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .host_emu import CUDA_DIR, _cache_dir
+from .indexing import BLOCK, WARP, launch_grid
+from .nvrtc import compile_gather, kernel_name
+
+__all__ = ["kernel", "gather_rows"]
+
+_NULL = np.uint64(0)  # trace pointers: off
+
+
+@functools.cache
+def kernel(device_id, aligned, elem_bytes, index_bytes):
+    """The compiled kernel of one specialisation on one device (memoized).
+
+    The cubin comes from our own NVRTC call (the same one CI runs offline), for
+    the device's exact ``sm_XY``, cached on disk by source hash, and is loaded
+    with ``cupy.RawModule(path=...)``.
+
+    Returns
+    -------
+    cupy.RawKernel
+    """
+    import cupy
+
+    with cupy.cuda.Device(device_id) as dev:
+        major, minor = dev.compute_capability[:-1], dev.compute_capability[-1]
+        arch = f"sm_{major}{minor}"
+        name = kernel_name(aligned, elem_bytes, index_bytes)
+        digest = hashlib.sha256((CUDA_DIR / "gather.cu").read_bytes() + name.encode() + arch.encode())
+        path = _cache_dir().parent / "cubin" / f"{digest.hexdigest()[:20]}.cubin"
+        lowered_path = path.with_suffix(".name")
+        if not path.exists():
+            res = compile_gather(arch, [name])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(f"{path}.{os.getpid()}")
+            tmp.write_bytes(res.image)
+            lowered_path.write_text(res.lowered[name])
+            os.replace(tmp, path)
+        module = cupy.RawModule(path=str(path))
+        return module.get_function(lowered_path.read_text())
+
+
+def gather_rows(src, idx, out, *, aligned=True, stream_ptr=0, grid=None, block=BLOCK):
+    """Launch ``gather_naive``/``gather_aligned`` on ``stream_ptr``: ``out[i] = src[idx[i]]``.
+
+    Parameters
+    ----------
+    src, idx, out : cupy.ndarray
+        ``src`` ``[rows, row_elems]`` (device or mapped host memory), ``idx``
+        1-D int32/int64 in range, ``out`` ``[len(idx), row_elems]``; all C-contiguous
+        and on the current device.
+    aligned : bool
+        Which kernel.
+    stream_ptr : int
+        ``cudaStream_t`` to launch on (torch's current stream, say); no sync.
+    grid, block : int, optional
+        Launch geometry.
+    """
+    import cupy
+
+    row_elems = out.shape[1]
+    work = idx.shape[0] * (WARP if aligned else row_elems)
+    fn = kernel(src.device.id, aligned, src.itemsize, idx.itemsize)
+    blocks = grid or launch_grid(work, block)
+    with cupy.cuda.ExternalStream(stream_ptr):
+        fn((blocks,), (block,), (src, idx, out, cupy.int64(idx.shape[0]), cupy.int64(row_elems), _NULL, _NULL))

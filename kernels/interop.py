@@ -1,0 +1,33 @@
+"""Zero-copy views between torch, CuPy and Numba through ``__cuda_array_interface__``."""
+
+__all__ = ["CudaArrayView", "cuda_array"]
+
+_TYPESTR = {1: "|u1", 2: "<i2", 4: "<i4", 8: "<i8"}
+
+
+class CudaArrayView:
+    """A CUDA array interface over a device-accessible pointer.
+
+    Used for pinned, mapped host memory: with unified virtual addressing the
+    host pointer is also the device pointer (CUDA Programming Guide, "Mapped
+    Memory"), so CuPy and Numba kernels can read it directly.  ``owner`` is kept
+    alive as long as this view is.
+    """
+
+    def __init__(self, ptr, shape, itemsize, owner):
+        self.owner = owner
+        self.__cuda_array_interface__ = {
+            "data": (int(ptr), True),
+            "shape": tuple(int(s) for s in shape),
+            "typestr": _TYPESTR[itemsize],
+            "strides": None,
+            "version": 3,
+            "stream": None,  # mapped memory has no producing stream
+        }
+
+
+def cuda_array(t):
+    """An object with ``__cuda_array_interface__`` for a CUDA or pinned-host torch tensor."""
+    if t.is_cuda:
+        return t
+    return CudaArrayView(t.data_ptr(), t.shape, t.element_size(), t)

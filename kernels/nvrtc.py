@@ -1,0 +1,144 @@
+"""Offline NVRTC compilation of kernels/cuda/gather.cu to PTX or cubin, with no GPU or driver."""
+
+import ctypes
+import functools
+import glob
+import os
+from dataclasses import dataclass
+
+from .host_emu import CUDA_DIR
+
+__all__ = ["NvrtcError", "CompileResult", "find_libnvrtc", "kernel_name", "compile_gather", "ELEM_TYPES", "INDEX_TYPES"]
+
+#: C++ bit-carrier type for each element size, and C++ type per index size.
+ELEM_TYPES = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
+INDEX_TYPES = {4: "int", 8: "long long"}
+
+
+class NvrtcError(RuntimeError):
+    """NVRTC is missing or rejected the source; the message carries its log."""
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    """Output of :func:`compile_gather`.
+
+    Attributes
+    ----------
+    image : bytes
+        PTX text (``arch="compute_XX"``) or a cubin ELF (``arch="sm_XX"``).
+    lowered : dict
+        Template name expression -> mangled symbol in ``image``.
+    log : str
+        NVRTC's program log (warnings).
+    """
+
+    image: bytes
+    lowered: dict
+    log: str
+
+
+def find_libnvrtc():
+    """Path of a CUDA 12 ``libnvrtc``: the pip wheel torch depends on, else the system one."""
+    try:
+        import nvidia.cuda_nvrtc as pkg  # shipped as a dependency of the CUDA build of torch
+
+        hits = sorted(glob.glob(os.path.join(list(pkg.__path__)[0], "lib", "libnvrtc.so.12*")))
+        if hits:
+            return hits[0]
+    except ImportError:
+        pass
+    for candidate in ("libnvrtc.so.12", "libnvrtc.so"):
+        try:
+            ctypes.CDLL(candidate)
+            return candidate
+        except OSError:
+            continue
+    return None
+
+
+@functools.cache
+def _lib():
+    path = find_libnvrtc()
+    if path is None:
+        raise NvrtcError("libnvrtc not found: install nvidia-cuda-nvrtc-cu12 (torch's CUDA build brings it)")
+    return ctypes.CDLL(path)
+
+
+def _check(rc, what, prog=None):
+    if rc != 0:
+        lib = _lib()
+        lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+        msg = lib.nvrtcGetErrorString(rc).decode()
+        log = _log(prog) if prog is not None else ""
+        raise NvrtcError(f"{what} failed: {msg}\n{log}")
+
+
+def _log(prog):
+    lib = _lib()
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    buf = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, buf)
+    return buf.value.decode(errors="replace")
+
+
+def kernel_name(aligned, elem_bytes, index_bytes):
+    """Template name expression of one specialisation, e.g. ``gather_aligned<unsigned int, long long>``."""
+    kind = "gather_aligned" if aligned else "gather_naive"
+    return f"{kind}<{ELEM_TYPES[elem_bytes]}, {INDEX_TYPES[index_bytes]}>"
+
+
+def compile_gather(arch="compute_90", names=None, extra_options=()):
+    """Compile gather.cu with NVRTC.
+
+    Parameters
+    ----------
+    arch : str
+        ``compute_XX`` gives PTX, ``sm_XX`` gives a cubin.
+    names : sequence of str, optional
+        Template name expressions to instantiate; every specialisation by default.
+    extra_options : sequence of str
+        More NVRTC options.
+
+    Returns
+    -------
+    CompileResult
+
+    Examples
+    --------
+    >>> res = compile_gather("compute_90", [kernel_name(True, 4, 8)])  # doctest: +SKIP
+    >>> b".target sm_90" in res.image  # doctest: +SKIP
+    True
+    """
+    if names is None:
+        names = [kernel_name(a, e, i) for a in (False, True) for e in ELEM_TYPES for i in INDEX_TYPES]
+    lib = _lib()
+    source = (CUDA_DIR / "gather.cu").read_bytes()
+    prog = ctypes.c_void_p()
+    _check(lib.nvrtcCreateProgram(ctypes.byref(prog), source, b"gather.cu", 0, None, None), "nvrtcCreateProgram")
+    try:
+        for n in names:
+            _check(lib.nvrtcAddNameExpression(prog, n.encode()), f"nvrtcAddNameExpression({n})")
+        opts = [f"--gpu-architecture={arch}", "-std=c++17", *extra_options]
+        arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
+        _check(lib.nvrtcCompileProgram(prog, len(opts), arr), f"nvrtcCompileProgram({arch})", prog)
+        lowered = {}
+        for n in names:
+            p = ctypes.c_char_p()
+            _check(lib.nvrtcGetLoweredName(prog, n.encode(), ctypes.byref(p)), "nvrtcGetLoweredName")
+            lowered[n] = p.value.decode()
+        size = ctypes.c_size_t()
+        if arch.startswith("sm_"):
+            _check(lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "nvrtcGetCUBINSize")
+            buf = ctypes.create_string_buffer(size.value)
+            _check(lib.nvrtcGetCUBIN(prog, buf), "nvrtcGetCUBIN")
+            image = buf.raw
+        else:
+            _check(lib.nvrtcGetPTXSize(prog, ctypes.byref(size)), "nvrtcGetPTXSize")
+            buf = ctypes.create_string_buffer(size.value)
+            _check(lib.nvrtcGetPTX(prog, buf), "nvrtcGetPTX")
+            image = buf.value
+        return CompileResult(image, lowered, _log(prog))
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))

@@ -1,0 +1,211 @@
+"""PCIe transaction model: distinct cache lines touched by each warp-wide load of a gather."""
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from .indexing import LINE, WARP, aligned_geometry, aligned_span, naive_element
+
+__all__ = ["RequestCount", "count_requests", "row_min_lines", "paper_shift_element", "thread_map"]
+
+# The model compiles the very functions the kernels call, so a counted request is
+# one the kernel really issues.  A "warp-wide load" is one step of one warp: the
+# set of bytes its lanes read together.  Each distinct line in that set is one
+# PCIe read request (zero-copy reads are served per 128-byte line; seed 002
+# section 4.4.5).
+_geometry = njit(inline="always")(aligned_geometry)
+_span = njit(inline="always")(aligned_span)
+_naive = njit(inline="always")(naive_element)
+
+
+@dataclass(frozen=True)
+class RequestCount:
+    """Result of :func:`count_requests`.
+
+    Attributes
+    ----------
+    total : int
+        Requests of the whole gather (distinct lines per warp-wide load, summed).
+    per_row : numpy.ndarray
+        int64 ``[n_index]``: requests for each gathered row's bytes.
+    min_lines : numpy.ndarray
+        int64 ``[n_index]``: lines each row spans, the least any kernel can issue.
+    """
+
+    total: int
+    per_row: np.ndarray
+    min_lines: np.ndarray
+
+
+@njit(cache=True)
+def row_min_lines(row_addr, row_bytes, line):
+    """Lines spanned by ``row_bytes`` bytes that start at ``row_addr``."""
+    return (row_addr + row_bytes - 1) // line - row_addr // line + 1
+
+
+@njit(cache=True)
+def paper_shift_element(col, row_first_tid, row_addr, row_elems, elem, warp, line):
+    """Element read by column-thread ``col`` under the paper's own circular shift.
+
+    Model only (no kernel uses it): PyTorch-Direct keeps one thread per output
+    element and rotates each row by ``shift`` so that a thread's lane matches its
+    element's place in the line, wrapping by the row length (seed 002, Fig. 4.5).
+    """
+    per_line = line // elem
+    lane0 = row_first_tid % warp
+    pos0 = (row_addr % line) // elem
+    shift = (lane0 - pos0) % per_line
+    return (col + shift) % row_elems
+
+
+@njit(cache=True)
+def _count_flat(addrs, row_elems, elem, warp, line, paper, per_row):
+    """Naive / paper mapping: warp w reads flat outputs [w*warp, (w+1)*warp)."""
+    n = addrs.shape[0]
+    total_elems = n * row_elems
+    lines = np.empty(warp, np.int64)
+    rows = np.empty(warp, np.int64)
+    total = 0
+    for w0 in range(0, total_elems, warp):
+        k = 0
+        for tid in range(w0, min(w0 + warp, total_elems)):
+            r, c = _naive(tid, row_elems)
+            if paper:
+                c = paper_shift_element(c, r * row_elems, addrs[r], row_elems, elem, warp, line)
+            lines[k] = (addrs[r] + c * elem) // line
+            rows[k] = r
+            k += 1
+        for a in range(k):
+            seen = False
+            for b in range(a):
+                if lines[b] == lines[a] and rows[b] == rows[a]:
+                    seen = True
+                    break
+            if not seen:
+                per_row[rows[a]] += 1
+                new_line = True
+                for b in range(a):
+                    if lines[b] == lines[a]:
+                        new_line = False
+                        break
+                if new_line:
+                    total += 1
+    return total
+
+
+@njit(cache=True)
+def _count_aligned(addrs, row_bytes, elem, warp, line, per_row):
+    """Aligned mapping: one warp per row, steps as planned by aligned_geometry."""
+    total = 0
+    u = 4 if elem < 4 else elem
+    cap = warp * ((u + line - 1) // line + 1)
+    lines = np.empty(cap, np.int64)
+    for r in range(addrs.shape[0]):
+        a = addrs[r]
+        base, first, last, steps, wrap = _geometry(a, row_bytes, elem, warp, line)
+        for step in range(steps):
+            k = 0
+            for lane in range(warp):
+                lo, hi = _span(lane, step, a, row_bytes, elem, warp, base, first, last, steps, wrap)
+                if lo < hi:
+                    for ln in range((a + lo * elem) // line, (a + hi * elem - 1) // line + 1):
+                        lines[k] = ln
+                        k += 1
+            distinct = 0
+            for i in range(k):
+                dup = False
+                for j in range(i):
+                    if lines[j] == lines[i]:
+                        dup = True
+                        break
+                if not dup:
+                    distinct += 1
+            per_row[r] += distinct
+            total += distinct
+    return total
+
+
+def count_requests(index, row_bytes, elem, *, kernel="aligned", src_addr=0, warp=WARP, line=LINE):
+    """Count the PCIe read requests of gathering ``index`` rows.
+
+    Parameters
+    ----------
+    index : array_like of int
+        Rows gathered, in output order.
+    row_bytes, elem : int
+        Bytes per row and per element (``row_bytes % elem == 0``).
+    kernel : {"aligned", "naive", "paper"}
+        The kernel's mapping; ``"paper"`` is PyTorch-Direct's own shift, kept to
+        reproduce its Figure 4.5.
+    src_addr : int
+        Address of row 0 (only its remainder modulo ``line`` matters).
+    warp, line : int
+        Lanes per warp and bytes per cache line.
+
+    Returns
+    -------
+    RequestCount
+
+    Examples
+    --------
+    >>> count_requests([0, 2, 4], 44, 4, kernel="naive", warp=4, line=16).per_row[1]
+    7
+    """
+    if kernel not in ("aligned", "naive", "paper"):
+        raise ValueError(f"kernel must be 'aligned', 'naive' or 'paper', got {kernel!r}")
+    if row_bytes <= 0 or elem <= 0 or row_bytes % elem:
+        raise ValueError(f"row_bytes ({row_bytes}) must be a positive multiple of elem ({elem})")
+    idx = np.asarray(index, dtype=np.int64).reshape(-1)
+    addrs = src_addr % line + idx * row_bytes
+    per_row = np.zeros(idx.shape[0], np.int64)
+    if kernel == "aligned":
+        total = _count_aligned(addrs, row_bytes, elem, warp, line, per_row)
+    else:
+        total = _count_flat(addrs, row_bytes // elem, elem, warp, line, kernel == "paper", per_row)
+    mins = np.array([row_min_lines(a, row_bytes, line) for a in addrs], dtype=np.int64)
+    return RequestCount(int(total), per_row, mins)
+
+
+@njit(cache=True)
+def _thread_map(addrs, row_elems, elem, aligned, grid, block, warp, line, tid_out, step_out):
+    stride = grid * block
+    if not aligned:
+        for i in range(addrs.shape[0] * row_elems):
+            tid_out[i] = i % stride
+            step_out[i] = i // stride
+        return
+    row_bytes = row_elems * elem
+    warps_per_block = block // warp
+    total_warps = grid * warps_per_block
+    for r in range(addrs.shape[0]):
+        w = r % total_warps
+        first_tid = (w // warps_per_block) * block + (w % warps_per_block) * warp
+        a = addrs[r]
+        base, first, last, steps, wrap = _geometry(a, row_bytes, elem, warp, line)
+        for step in range(steps):
+            for lane in range(warp):
+                lo, hi = _span(lane, step, a, row_bytes, elem, warp, base, first, last, steps, wrap)
+                for c in range(lo, hi):
+                    tid_out[r * row_elems + c] = first_tid + lane
+                    step_out[r * row_elems + c] = step
+
+
+def thread_map(index, row_elems, elem, *, aligned, grid, block, src_addr=0, warp=WARP, line=LINE):
+    """Which flat thread, at which step, copies each output element.
+
+    The model's prediction of a kernel trace: ``kernels.host_emu.launch(...,
+    trace=True)`` and ``kernels.numba_cuda.gather_rows(..., trace=True)`` must
+    return exactly these arrays for the same launch.
+
+    Returns
+    -------
+    (numpy.ndarray, numpy.ndarray)
+        int64 thread ids and int32 steps, one per output element (row-major).
+    """
+    idx = np.asarray(index, dtype=np.int64).reshape(-1)
+    addrs = src_addr % line + idx * (row_elems * elem)
+    tid = np.full(idx.shape[0] * row_elems, -1, np.int64)
+    step = np.full(idx.shape[0] * row_elems, -1, np.int32)
+    _thread_map(addrs, row_elems, elem, aligned, grid, block, warp, line, tid, step)
+    return tid, step

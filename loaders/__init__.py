@@ -1,0 +1,3 @@
+"""DGL DataLoader integration (drop-in ``directload.loaders.DataLoader``)."""
+
+__all__ = []

@@ -1,0 +1,42 @@
+"""The kernels compile for real GPUs with no GPU here: NVRTC for gather.cu, NVVM for Numba."""
+
+import re
+
+import numpy as np
+import pytest
+
+from directload.kernels import numba_cuda, nvrtc
+
+ALL_NAMES = [nvrtc.kernel_name(a, e, i) for a in (False, True) for e in nvrtc.ELEM_TYPES for i in nvrtc.INDEX_TYPES]
+
+
+@pytest.mark.parametrize("arch", ["compute_80", "compute_90"])
+def test_nvrtc_ptx_has_every_specialisation(arch):
+    res = nvrtc.compile_gather(arch)
+    ptx = res.image.decode()
+    assert f".target sm_{arch[-2:]}" in ptx
+    entries = set(re.findall(r"\.entry\s+(\w+)", ptx))
+    assert len(res.lowered) == 16
+    for name in ALL_NAMES:
+        assert res.lowered[name] in entries, name
+
+
+def test_nvrtc_cubin_is_an_elf():
+    res = nvrtc.compile_gather("sm_90", [nvrtc.kernel_name(True, 4, 8)])
+    assert res.image[:4] == b"\x7fELF"
+    assert res.lowered["gather_aligned<unsigned int, long long>"].encode() in res.image
+
+
+def test_nvrtc_reports_errors():
+    with pytest.raises(nvrtc.NvrtcError, match="nvrtcAddNameExpression|nvrtcCompileProgram|nvrtcGetLoweredName"):
+        nvrtc.compile_gather("compute_90", ["gather_aligned<float3, int>"])
+
+
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "naive"])
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("elem_dtype", [np.uint8, np.uint16, np.uint32, np.uint64, np.float32])
+def test_numba_kernels_compile_to_sm90_ptx(elem_dtype, index_dtype, aligned):
+    ptx = numba_cuda.compile_ptx(aligned, elem_dtype, index_dtype, cc=(9, 0))
+    assert ".target sm_90" in ptx
+    kind = "_gather_aligned" if aligned else "_gather_naive"
+    assert re.search(rf"\.entry\s+\w*{kind}", ptx)

@@ -1,0 +1,96 @@
+"""Bad input raises a clear, typed error before any kernel runs, and touches no output."""
+
+import pytest
+import torch
+
+from directload.kernels import gather, resolve_backend
+from directload.kernels.api import check_devices
+
+
+@pytest.fixture
+def table():
+    return torch.randn(10, 3)
+
+
+@pytest.mark.parametrize("bad,match", [(10, "index 10 is out of range for 10 rows"),
+                                       (99, "index 99 is out of range for 10 rows")])
+def test_out_of_range_names_value_and_bound(table, bad, match):
+    out = torch.full((2, 3), 7.0)
+    with pytest.raises(IndexError, match=match):
+        gather(table, torch.tensor([1, bad]), out=out)
+    assert (out == 7.0).all()  # nothing written
+
+
+def test_negative_index(table):
+    with pytest.raises(IndexError, match=r"index -1 is negative; valid rows are 0..9"):
+        gather(table, torch.tensor([0, -1], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bool, torch.int16, torch.uint8])
+def test_index_dtype(table, dtype):
+    with pytest.raises(TypeError, match="index must be int32 or int64"):
+        gather(table, torch.zeros(2, dtype=dtype))
+
+
+@pytest.mark.parametrize("index", [torch.tensor(1), torch.zeros(2, 2, dtype=torch.int64)], ids=["0d", "2d"])
+def test_index_must_be_1d(table, index):
+    with pytest.raises(ValueError, match="index must be 1-D"):
+        gather(table, index)
+
+
+def test_index_type(table):
+    with pytest.raises(TypeError, match="index must be a torch.Tensor or numpy.ndarray"):
+        gather(table, [1, 2])
+
+
+def test_non_contiguous_src_raises(table):
+    with pytest.raises(ValueError, match="src must be contiguous"):
+        gather(torch.randn(3, 10).t(), torch.tensor([0]))
+
+
+def test_src_checks():
+    with pytest.raises(ValueError, match="at least one dimension"):
+        gather(torch.tensor(1.0), torch.tensor([0]))
+    with pytest.raises(TypeError, match="1, 2, 4 or 8 bytes"):
+        gather(torch.zeros(4, 2, dtype=torch.complex128), torch.tensor([0]))
+    with pytest.raises(TypeError, match="src must be a torch.Tensor"):
+        gather([[1.0]], torch.tensor([0]))
+
+
+def test_out_checks(table):
+    idx = torch.tensor([1, 2])
+    with pytest.raises(TypeError, match="out has dtype torch.float64, expected torch.float32"):
+        gather(table, idx, out=torch.empty(2, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"out has shape \(3, 3\), expected \(2, 3\)"):
+        gather(table, idx, out=torch.empty(3, 3))
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        gather(table, idx, out=torch.empty(3, 2).t())
+
+
+def test_backend_names(table):
+    with pytest.raises(ValueError, match="backend must be one of"):
+        gather(table, torch.tensor([0]), backend="tpu")
+    with pytest.raises(ValueError, match="needs a CUDA index"):
+        gather(table, torch.tensor([0]), backend="cupy")
+
+
+def test_resolve_backend_rules():
+    kw = dict(has_cupy=True, has_numba_cuda=True)
+    assert resolve_backend("auto", False, "mapped", **kw) == "cpu"
+    assert resolve_backend("numba_cuda", True, "cuda", **kw) == "numba_cuda"
+    assert resolve_backend("auto", True, "cuda", has_cupy=False, has_numba_cuda=True) == "numba_cuda"
+    with pytest.raises(ValueError, match="pageable host memory"):
+        resolve_backend("auto", True, "host", **kw)
+    with pytest.raises(ValueError, match="src is in CUDA memory but the index is on the CPU"):
+        resolve_backend("auto", False, "cuda", **kw)
+    with pytest.raises(ValueError, match="backend 'cpu' needs a CPU index"):
+        resolve_backend("cpu", True, "mapped", **kw)
+    with pytest.raises(RuntimeError, match="needs CuPy or Numba CUDA"):
+        resolve_backend("auto", True, "mapped", has_cupy=False, has_numba_cuda=False)
+
+
+def test_index_on_another_cuda_device_than_src_raises():
+    check_devices(torch.device("cuda:0"), "cuda", torch.device("cuda:0"))
+    check_devices(torch.device("cuda:1"), "mapped", torch.device("cpu"))  # mapped: any device
+    with pytest.raises(ValueError, match="index is on cuda:1 but src is on cuda:0"):
+        check_devices(torch.device("cuda:1"), "cuda", torch.device("cuda:0"))
