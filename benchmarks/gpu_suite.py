@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = [
     ("gather_bandwidth", "gather_bandwidth.py", ["--device", "cuda", "--name", "gpu_gather_bandwidth"]),
     ("alignment_sweep", "alignment_sweep.py", ["--name", "gpu_alignment_sweep"]),
+    ("unified_gather", "unified_gather.py", ["--name", "gpu_unified_gather"]),
 ]
 
 

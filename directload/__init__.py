@@ -1,5 +1,21 @@
 """directload: GPU-centric feature loading for mini-batch GNN training."""
 
+from .files import CorruptFileError, from_file
+from .memory import PinError
+from .unified import ClosedError, UnifiedTensor, empty, is_unified, ones, to_unified, zeros
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "__version__",
+    "UnifiedTensor",
+    "to_unified",
+    "empty",
+    "zeros",
+    "ones",
+    "from_file",
+    "is_unified",
+    "ClosedError",
+    "PinError",
+    "CorruptFileError",
+]

@@ -24,7 +24,8 @@ def _info(args):
 
 
 def _bench(args):
-    script = {"gather": "gather_bandwidth.py", "alignment": "alignment_sweep.py", "gpu": "gpu_suite.py"}[args.which]
+    script = {"gather": "gather_bandwidth.py", "alignment": "alignment_sweep.py", "unified": "unified_gather.py",
+              "gpu": "gpu_suite.py"}[args.which]
     root = Path(__file__).resolve().parent.parent / "benchmarks"
     path = root / script
     if not path.exists():
@@ -41,7 +42,7 @@ def main(argv=None):
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_info)
     p = sub.add_parser("bench", help="run a benchmark script from benchmarks/")
-    p.add_argument("which", choices=["gather", "alignment", "gpu"])
+    p.add_argument("which", choices=["gather", "alignment", "unified", "gpu"])
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the script")
     p.set_defaults(func=_bench)
     args = parser.parse_args(argv)

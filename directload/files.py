@@ -1,0 +1,120 @@
+"""Feature tables in files: raw or ``.npy``, memory-mapped and registered as unified tensors."""
+
+import os
+
+import numpy as np
+import torch
+
+__all__ = ["CorruptFileError", "from_file", "npy_layout"]
+
+
+class CorruptFileError(ValueError):
+    """A feature file is truncated, has a bad header, or does not match the requested layout."""
+
+
+def npy_layout(path):
+    """(dtype, shape, data offset) of a ``.npy`` file, checked against its size.
+
+    Raises
+    ------
+    CorruptFileError
+        Bad magic or header, Fortran order, object dtype, or a file shorter (or
+        longer) than its header says.
+    """
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        try:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read(f)
+        except ValueError as exc:
+            raise CorruptFileError(f"{path}: not a valid .npy file ({exc})") from exc
+        offset = f.tell()
+    if fortran and len(shape) > 1:
+        raise CorruptFileError(f"{path}: Fortran-ordered arrays cannot be gathered by row; save it C-ordered")
+    if dtype.hasobject:
+        raise CorruptFileError(f"{path}: object arrays cannot be memory-mapped")
+    want = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if size != want:
+        kind = "truncated" if size < want else "longer than its header says"
+        raise CorruptFileError(f"{path}: {kind}: header promises {want} bytes, file has {size}")
+    return dtype, tuple(shape), offset
+
+
+def from_file(path, dtype=None, shape=None, *, offset=0, mode="r", affinity="cuda", pin="require"):
+    """Memory-map a feature file and make it a unified tensor, copying nothing.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A ``.npy`` file (its header gives dtype and shape), or raw row-major bytes.
+    dtype : numpy or torch dtype, optional
+        Element type of a raw file (required for raw files).
+    shape : tuple of int, optional
+        Shape of a raw file; one entry may be ``-1`` (inferred from the size).
+    offset : int
+        Bytes to skip at the start of a raw file.
+    mode : {"r", "r+"}
+        Read-only (writes raise ``PermissionError``) or read-write mapping.
+    affinity, pin
+        As for :func:`directload.empty`.  With CUDA the mapping is registered
+        (read-only registration for ``mode="r"``); the pages stay in the page
+        cache, shared with every process that maps the file.
+
+    Returns
+    -------
+    directload.UnifiedTensor
+
+    Raises
+    ------
+    FileNotFoundError
+    CorruptFileError
+        Truncated or malformed file, or a size that does not fit ``shape``.
+
+    Examples
+    --------
+    >>> import numpy as np, tempfile, os, directload
+    >>> path = os.path.join(tempfile.mkdtemp(), "feat.npy")
+    >>> np.save(path, np.arange(6, dtype=np.float32).reshape(3, 2))
+    >>> directload.from_file(path).host[2].tolist()
+    [4.0, 5.0]
+    """
+    from .unified import to_unified
+
+    path = os.fspath(path)
+    if mode not in ("r", "r+"):
+        raise ValueError(f"mode must be 'r' or 'r+', got {mode!r}")
+    if not os.path.exists(path):
+        raise FileNotFoundError(path)
+    if path.endswith(".npy") and dtype is None:
+        np_dtype, shape, data_offset = npy_layout(path)
+    else:
+        if dtype is None or shape is None:
+            raise ValueError("a raw file needs dtype and shape (or save it as .npy)")
+        np_dtype = np.dtype(torch.empty((), dtype=dtype).numpy().dtype if isinstance(dtype, torch.dtype) else dtype)
+        shape, data_offset = _raw_shape(path, np_dtype, tuple(shape), offset), offset
+    if int(np.prod(shape, dtype=np.int64)) == 0:
+        array = np.empty(shape, np_dtype)
+    else:
+        array = np.memmap(path, dtype=np_dtype, mode=mode, offset=data_offset, shape=shape)
+    out = to_unified(array, affinity, pin=pin)
+    out._origin = ("file", {"path": path, "dtype": None if path.endswith(".npy") and dtype is None else np_dtype.str,
+                            "shape": None if dtype is None else shape, "offset": offset, "mode": mode, "pin": pin})
+    return out
+
+
+def _raw_shape(path, dtype, shape, offset):
+    size = os.path.getsize(path) - offset
+    if size < 0:
+        raise CorruptFileError(f"{path}: offset {offset} is past the end of the file ({size + offset} bytes)")
+    if shape.count(-1) > 1:
+        raise ValueError("at most one shape entry may be -1")
+    known = int(np.prod([s for s in shape if s != -1], dtype=np.int64)) * dtype.itemsize
+    if -1 in shape:
+        if known == 0 or size % known:
+            raise CorruptFileError(f"{path}: {size} bytes is not a whole number of {known}-byte rows (truncated?)")
+        shape = tuple(size // known if s == -1 else s for s in shape)
+    elif size != known:
+        kind = "truncated" if size < known else "longer than the shape says"
+        raise CorruptFileError(f"{path}: {kind}: shape {shape} of {dtype} needs {known} bytes, file has {size}")
+    return shape

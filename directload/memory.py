@@ -1,0 +1,377 @@
+"""Host memory for unified tensors: pooled pinned allocations, chunked registration, plain fallback."""
+
+import contextlib
+import os
+import resource
+import shutil
+import threading
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = [
+    "PinError",
+    "Allocation",
+    "HostRuntime",
+    "CupyRuntime",
+    "NumbaMappedRuntime",
+    "PinnedPool",
+    "runtime",
+    "use_runtime",
+    "pool",
+    "allocate",
+    "register",
+    "REGISTER_CHUNK",
+    "host_array",
+]
+
+# cudaHostAlloc / cudaHostRegister flags (CUDA Runtime API, "Memory Management").
+HOST_ALLOC_PORTABLE = 1
+HOST_ALLOC_MAPPED = 2
+HOST_REGISTER_PORTABLE = 1
+HOST_REGISTER_MAPPED = 2
+HOST_REGISTER_READ_ONLY = 8
+
+#: Bytes per cudaHostRegister call.  Drivers cap one registration (seen at 4 GiB
+#: on some systems), so large tables register in chunks; with unified virtual
+#: addressing each chunk's device pointer is its host pointer, so the chunks
+#: form one contiguous device range.
+REGISTER_CHUNK = 1 << 30
+
+
+class PinError(RuntimeError):
+    """Host memory could not be pinned or registered; the message says why and how to fix it."""
+
+
+def _limits_hint(nbytes):
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+
+    def fmt(v):
+        return "unlimited" if v == resource.RLIM_INFINITY else f"{v / 2**20:.0f} MiB"
+
+    shm = shutil.disk_usage("/dev/shm") if os.path.isdir("/dev/shm") else None
+    shm_txt = f"{shm.free / 2**30:.1f} GiB free in /dev/shm" if shm else "no /dev/shm"
+    return (f"asked for {nbytes / 2**20:.1f} MiB; locked-memory limit (ulimit -l) is {fmt(soft)} soft / "
+            f"{fmt(hard)} hard; {shm_txt}.  Raise the limit (ulimit -l unlimited, or --ulimit memlock=-1 for "
+            "a container, --shm-size for /dev/shm), use a smaller table, or pass pin='auto' to fall back "
+            "to unpinned memory")
+
+
+class HostRuntime:
+    """The CUDA runtime calls unified memory needs.  Subclasses bind a real runtime."""
+
+    def host_alloc(self, nbytes):
+        """Pinned, mapped, portable host memory; returns a pointer."""
+        raise NotImplementedError
+
+    def free_host(self, ptr):
+        raise NotImplementedError
+
+    def host_register(self, ptr, nbytes, read_only):
+        raise NotImplementedError
+
+    def host_unregister(self, ptr):
+        raise NotImplementedError
+
+
+class CupyRuntime(HostRuntime):
+    """``HostRuntime`` over ``cupy.cuda.runtime`` (needs a CUDA driver)."""
+
+    def __init__(self):
+        from cupy.cuda import runtime as rt
+
+        self._rt = rt
+
+    def host_alloc(self, nbytes):
+        return self._rt.hostAlloc(nbytes, HOST_ALLOC_MAPPED | HOST_ALLOC_PORTABLE)
+
+    def free_host(self, ptr):
+        self._rt.freeHost(ptr)
+
+    def host_register(self, ptr, nbytes, read_only):
+        flags = HOST_REGISTER_MAPPED | HOST_REGISTER_PORTABLE | (HOST_REGISTER_READ_ONLY if read_only else 0)
+        self._rt.hostRegister(ptr, nbytes, flags)
+
+    def host_unregister(self, ptr):
+        self._rt.hostUnregister(ptr)
+
+
+class NumbaMappedRuntime(HostRuntime):
+    """``HostRuntime`` over ``numba.cuda.mapped_array``: mapped, pinned blocks from Numba.
+
+    Works with a real driver and under the Numba CUDA simulator, which is how
+    the simulator lane exercises the mapped path.  Registration of existing
+    memory is not offered (it needs CuPy's runtime).
+    """
+
+    def __init__(self):
+        self._blocks = {}
+
+    def host_alloc(self, nbytes):
+        import numpy as np
+        from numba import cuda
+
+        arr = cuda.mapped_array(nbytes, dtype=np.uint8)
+        ptr = _mapped_address(arr)
+        self._blocks[ptr] = arr
+        return ptr
+
+    def free_host(self, ptr):
+        del self._blocks[ptr]
+
+    def mapped_view(self, ptr, nbytes):
+        """The device-visible mapped array over ``[ptr, ptr+nbytes)`` of one block."""
+        for base, arr in self._blocks.items():
+            if base <= ptr and ptr + nbytes <= base + arr.shape[0]:
+                return arr[ptr - base:ptr - base + nbytes]
+        raise ValueError(f"{ptr:#x} (+{nbytes}) is not inside a block of this runtime")
+
+    def host_register(self, ptr, nbytes, read_only):
+        raise NotImplementedError("registering existing memory needs CuPy's CUDA runtime")
+
+    def host_unregister(self, ptr):
+        raise NotImplementedError("registering existing memory needs CuPy's CUDA runtime")
+
+
+def _mapped_address(arr):
+    iface = getattr(arr, "__cuda_array_interface__", None)
+    if iface is not None:
+        return iface["data"][0]
+    return getattr(arr, "_ary", arr).ctypes.data  # the simulator wraps a numpy array
+
+
+@dataclass(eq=False)
+class Allocation:
+    """One block of host memory behind a unified tensor, freed exactly once.
+
+    Attributes
+    ----------
+    ptr : int
+        Host address; with CUDA it is also the device address (UVA).
+    nbytes : int
+    kind : str
+        ``"pinned-mapped"`` (cudaHostAlloc), ``"registered"`` (cudaHostRegister
+        of memory someone else owns) or ``"host"`` (ordinary memory, no CUDA).
+    owner : object
+        What keeps the bytes themselves alive (a pool block, array or mmap).
+    """
+
+    ptr: int
+    nbytes: int
+    kind: str
+    owner: object = None
+    _release: object = field(default=None, repr=False)
+    _released: bool = field(default=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self):
+        # The finalizer runs once, at release() or when the last reference goes.
+        self._finalizer = weakref.finalize(self, _run_release, self._release)
+
+    def release(self):
+        """Free or unregister now (idempotent).  Views must be gone first."""
+        with self._lock:
+            if not self._released:
+                self._released = True
+                self._finalizer()
+
+    @property
+    def released(self):
+        """Whether the memory has been freed or unregistered."""
+        return not self._finalizer.alive
+
+
+def _run_release(fn):
+    if fn is not None:
+        fn()
+
+
+class PinnedPool:
+    """A caching allocator for pinned host blocks, as PyTorch-Direct adapted PyTorch's.
+
+    Sizes round up to a power of two (at least 64 KiB); freed blocks wait in a
+    per-size free list for the next request, so steady-state create/free cycles
+    make no CUDA calls.  ``empty_cache()`` returns cached blocks to the driver.
+    """
+
+    MIN_BLOCK = 64 * 1024
+
+    def __init__(self, rt):
+        self._rt = rt
+        self._free = {}
+        self._lock = threading.Lock()
+        self.stats = {"host_alloc": 0, "free_host": 0, "reused": 0}
+
+    @classmethod
+    def block_size(cls, nbytes):
+        return max(cls.MIN_BLOCK, 1 << max(0, int(nbytes - 1).bit_length()))
+
+    def allocate(self, nbytes):
+        size = self.block_size(nbytes)
+        with self._lock:
+            blocks = self._free.get(size)
+            if blocks:
+                self.stats["reused"] += 1
+                ptr = blocks.pop()
+                return Allocation(ptr, nbytes, "pinned-mapped", _release=lambda: self._give_back(size, ptr))
+        try:
+            ptr = self._rt.host_alloc(size)
+        except Exception as exc:  # the runtime's own error type; re-raised with the cause attached
+            self.empty_cache()
+            try:
+                ptr = self._rt.host_alloc(size)
+            except Exception:
+                raise PinError(f"cudaHostAlloc failed ({exc}): {_limits_hint(size)}") from exc
+        self.stats["host_alloc"] += 1
+        return Allocation(ptr, nbytes, "pinned-mapped", _release=lambda: self._give_back(size, ptr))
+
+    def _give_back(self, size, ptr):
+        with self._lock:
+            self._free.setdefault(size, []).append(ptr)
+
+    def cached_bytes(self):
+        with self._lock:
+            return sum(size * len(v) for size, v in self._free.items())
+
+    def empty_cache(self):
+        """Return every cached block to the driver."""
+        with self._lock:
+            blocks, self._free = self._free, {}
+        for ptrs in blocks.values():
+            for ptr in ptrs:
+                self._rt.free_host(ptr)
+                self.stats["free_host"] += 1
+
+
+def register(ptr, nbytes, owner, rt, *, read_only=False, chunk=REGISTER_CHUNK):
+    """Register existing memory (``[ptr, ptr+nbytes)``) with CUDA, in chunks.
+
+    Returns
+    -------
+    Allocation
+        Kind ``"registered"``; releasing it unregisters every chunk.
+
+    Raises
+    ------
+    PinError
+        A chunk failed; the chunks already registered are unregistered first.
+    """
+    done = []
+    try:
+        for start in range(0, nbytes, chunk):
+            rt.host_register(ptr + start, min(chunk, nbytes - start), read_only)
+            done.append(ptr + start)
+    except Exception as exc:  # the runtime's own error type; re-raised with the cause attached
+        for p in done:
+            rt.host_unregister(p)
+        raise PinError(f"cudaHostRegister failed at byte {len(done) * chunk} of {nbytes} ({exc}): "
+                       f"{_limits_hint(nbytes)}") from exc
+
+    def unregister():
+        for p in done:
+            rt.host_unregister(p)
+
+    return Allocation(ptr, nbytes, "registered", owner=owner, _release=unregister)
+
+
+_state = {}
+_state_lock = threading.Lock()
+
+
+def runtime():
+    """The process's ``HostRuntime``: CuPy's where CUDA is usable, else ``None``."""
+    from directload.capabilities import capabilities
+
+    with _state_lock:
+        if "runtime" not in _state:
+            _state["runtime"] = CupyRuntime() if capabilities().cuda and capabilities().cupy else None
+        return _state["runtime"]
+
+
+@contextlib.contextmanager
+def use_runtime(rt):
+    """Use ``rt`` (a :class:`HostRuntime`, or ``None`` for no CUDA) and a fresh pool inside the block.
+
+    For runtimes other than the process's CUDA one, such as the Numba CUDA
+    simulator's mapped arrays in the simulator test lane.  The previous runtime
+    and pool come back on exit; blocks cached by the temporary pool are freed.
+    """
+    with _state_lock:
+        saved = dict(_state)
+        _state["runtime"] = rt
+        _state["pool"] = PinnedPool(rt) if rt is not None else None
+    try:
+        yield _state["pool"]
+    finally:
+        with _state_lock:
+            temp = _state.get("pool")
+            _state.clear()
+            _state.update(saved)
+        if temp is not None:
+            temp.empty_cache()
+
+
+def pool():
+    """The process's ``PinnedPool`` (``None`` without CUDA)."""
+    rt = runtime()
+    with _state_lock:
+        if "pool" not in _state:
+            _state["pool"] = PinnedPool(rt) if rt is not None else None
+        return _state["pool"]
+
+
+class _Raw:
+    """Exposes ``[ptr, ptr+nbytes)`` as a numpy buffer that keeps ``owner`` alive."""
+
+    def __init__(self, ptr, nbytes, owner, writable):
+        self.owner = owner
+        self.__array_interface__ = {"data": (ptr, not writable), "shape": (nbytes,), "typestr": "|u1",
+                                    "version": 3}
+
+
+def host_array(alloc, writable=True):
+    """A uint8 numpy array over an allocation's bytes; it keeps the allocation alive."""
+    return np.asarray(_Raw(alloc.ptr, alloc.nbytes, alloc, writable))
+
+
+def allocate(nbytes, *, pin="require", shared=False):
+    """Fresh host memory for a unified tensor.
+
+    Parameters
+    ----------
+    nbytes : int
+    pin : {"require", "auto", "never"}
+        With CUDA, ``"require"`` raises :class:`PinError` when pinning fails and
+        ``"auto"`` falls back to ordinary memory; without CUDA both give
+        ordinary memory (there is nothing to pin for).
+    shared : bool
+        Shared memory (``/dev/shm``), so ``torch.multiprocessing`` workers map
+        the same pages; registered with CUDA where CUDA is usable.
+
+    Returns
+    -------
+    Allocation
+    """
+    import torch
+
+    rt = runtime() if pin != "never" else None
+    if shared:
+        t = torch.empty(max(nbytes, 1), dtype=torch.uint8).share_memory_()
+        alloc = Allocation(t.data_ptr(), nbytes, "host", owner=t)
+        if rt is not None:
+            try:
+                return register(t.data_ptr(), max(nbytes, 1), t, rt)
+            except PinError:
+                if pin == "require":
+                    raise
+        return alloc
+    if rt is not None:
+        try:
+            return pool().allocate(max(nbytes, 1))
+        except PinError:
+            if pin == "require":
+                raise
+    buf = np.empty(max(nbytes, 1), np.uint8)
+    return Allocation(buf.ctypes.data, nbytes, "host", owner=buf)
+

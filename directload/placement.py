@@ -1,0 +1,164 @@
+"""Placement rules for unified tensors: where an op runs and where its result lands.
+
+The rules follow PyTorch-Direct (seed 002, section 4.4.3, Table 4.2), resolved
+by :func:`compute_device` from the operands alone:
+
+=====  ===========================================  ===================  ===============
+rule   operands                                     computation          result
+=====  ===========================================  ===================  ===============
+1      indexing (``x[idx]``, ``index_select``,      GPU aligned gather   CUDA tensor
+       ``F.embedding``); CUDA index, or affinity
+       ``cuda`` with a CUDA device
+2      indexing; CPU index, affinity ``host``       CPU gather kernel    CPU tensor
+3      other op; any CUDA tensor operand            GPU, zero-copy       CUDA tensor
+                                                    (``cuda_view()``)
+4      other op; a unified operand with affinity    GPU, zero-copy       CUDA tensor
+       ``cuda``; no CUDA operand, no non-scalar
+       plain CPU operand
+5      other op; otherwise (affinity ``host``, or   CPU over ``.host``   CPU tensor
+       a non-scalar plain CPU operand)
+6      write (``x[idx] = v``, ``x.copy_(v)``)       where ``v`` lives    ``x`` updated
+7      metadata (``shape``, ``dtype``, ``size()``)  none                 as torch
+=====  ===========================================  ===================  ===============
+
+0-d CPU tensors never decide placement (as in PyTorch, a CPU scalar may join
+a CUDA op).  On a machine without CUDA, affinity ``cuda`` computes on the CPU.
+No rule copies the table: GPU computation reads it in place over PCIe.
+"""
+
+import numpy as np
+import torch
+
+__all__ = ["AFFINITIES", "describe", "place", "compute_device", "index_device", "INDEX_FUNCS", "WRITE_FUNCS",
+           "METADATA_FUNCS", "HOST_FUNCS", "write_target"]
+
+AFFINITIES = ("cuda", "host")
+
+
+def describe(x):
+    """An operand as placement sees it: ``("unified", affinity)``, ``("cuda", device)``,
+    ``("cpu", ndim)``, or ``None`` for non-tensors."""
+    if not isinstance(x, torch.Tensor):
+        return None
+    if getattr(x, "is_unified", False):
+        return ("unified", x.affinity)
+    if x.is_cuda:
+        return ("cuda", x.device)
+    return ("cpu", x.dim())
+
+
+def place(described, *, has_cuda, current=0):
+    """Rules 3-5 on described operands (see :func:`describe`).  Pure.
+
+    Examples
+    --------
+    >>> place([("unified", "cuda")], has_cuda=True)
+    device(type='cuda', index=0)
+    >>> place([("unified", "cuda"), ("cpu", 1)], has_cuda=True)
+    device(type='cpu')
+    """
+    wants_cuda = plain_cpu = False
+    for d in described:
+        if d is None:
+            continue
+        kind, what = d
+        if kind == "cuda":
+            return what  # rule 3
+        if kind == "unified":
+            wants_cuda |= what == "cuda"
+        elif what > 0:  # 0-d CPU tensors do not decide placement
+            plain_cpu = True
+    if wants_cuda and has_cuda and not plain_cpu:
+        return torch.device("cuda", current)  # rule 4
+    return torch.device("cpu")  # rule 5
+
+
+def compute_device(operands, *, has_cuda):
+    """The device an op over ``operands`` runs on (rules 3-5).
+
+    Examples
+    --------
+    >>> import torch
+    >>> compute_device([torch.zeros(2)], has_cuda=False)
+    device(type='cpu')
+    """
+    current = torch.cuda.current_device() if has_cuda else 0
+    return place([describe(a) for a in operands], has_cuda=has_cuda, current=current)
+
+
+def index_device(table, index, *, has_cuda):
+    """The device a gather of ``table[index]`` runs on (rules 1-2).  Pure.
+
+    Examples
+    --------
+    >>> import torch
+    >>> class T:  # anything with an affinity
+    ...     affinity = "cuda"
+    >>> index_device(T(), torch.tensor([1]), has_cuda=False)
+    device(type='cpu')
+    """
+    if isinstance(index, torch.Tensor) and index.is_cuda:
+        return index.device
+    if table.affinity == "cuda" and has_cuda:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _int_index(key):
+    if isinstance(key, (list, np.ndarray)):
+        try:
+            key = torch.as_tensor(key)
+        except (TypeError, ValueError):
+            return None
+    if isinstance(key, torch.Tensor) and key.dtype in (torch.int32, torch.int64) and key.dim() >= 1:
+        return key
+    return None
+
+
+def _getitem(table, key):
+    idx = _int_index(key)
+    return (table, idx) if idx is not None and getattr(table, "is_unified", False) else None
+
+
+def _index_select(table, dim, index, *, out=None):
+    if out is not None or not getattr(table, "is_unified", False) or dim not in (0, -table.dim()):
+        return None
+    return table, index
+
+
+def _embedding(input, weight, padding_idx=None, max_norm=None, *args, **kwargs):
+    if max_norm is not None or not getattr(weight, "is_unified", False):
+        return None
+    return weight, input
+
+
+#: Functions answered by the gather kernel; each maps args to (table, index), or None to decline.
+INDEX_FUNCS = {
+    torch.Tensor.__getitem__: _getitem,
+    torch.Tensor.index_select: _index_select,
+    torch.index_select: _index_select,
+    torch.nn.functional.embedding: _embedding,
+}
+
+#: Writes into the unified memory (rule 6).
+WRITE_FUNCS = frozenset({torch.Tensor.__setitem__, torch.Tensor.copy_})
+
+#: Pure metadata: answered from the host tensor, no computation.
+METADATA_FUNCS = frozenset({
+    torch.Tensor.size, torch.Tensor.dim, torch.Tensor.ndimension, torch.Tensor.numel, torch.Tensor.nelement,
+    torch.Tensor.stride, torch.Tensor.is_contiguous, torch.Tensor.element_size, torch.Tensor.data_ptr,
+    torch.Tensor.storage_offset, torch.Tensor.__len__, torch.Tensor.is_pinned, torch.Tensor.is_shared,
+    torch.Tensor.untyped_storage, torch.Tensor.__repr__, torch.Tensor.__format__,
+})
+
+#: Always served by the host view (they produce host objects).
+HOST_FUNCS = frozenset({torch.Tensor.numpy, torch.Tensor.tolist, torch.Tensor.__array__})
+
+
+def write_target(func, args, kwargs):
+    """(destination, value, index or None) of a write call."""
+    if func is torch.Tensor.__setitem__:
+        dst, key, value = args
+        return dst, value, key
+    dst, value = args[0], args[1] if len(args) > 1 else kwargs["src"]
+    return dst, value, None
