@@ -9,10 +9,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .host_pool import default_pool
+
 __all__ = ["gather", "gather_async", "GatherFuture", "resolve_backend", "check_devices", "BACKENDS"]
 
 BACKENDS = ("auto", "cpu", "numba_cuda", "cupy")
 _GPU_BACKENDS = ("numba_cuda", "cupy")
+#: CPU outputs from this size on come from the recycling host pool (kernels/host_pool.py).
+POOL_BYTES = 1 << 20
 #: CPU gathers with less output than this run on the caller's thread at once:
 #: the hand-off to the worker and back costs 25-150 us on a busy 2-core machine
 #: (measured), a sizeable part of a copy this small.
@@ -188,6 +192,13 @@ def _cpu_pool():
         return _pool
 
 
+def _nbytes(shape, src):
+    n = src.element_size()
+    for d in shape:
+        n *= d
+    return n
+
+
 def _bits(t, rows):
     """The tensor's bits as a 2-D carrier-dtype view ``[rows, row_elems]``."""
     return t.view(_CARRIER[t.element_size()]).reshape(rows, -1)
@@ -212,7 +223,10 @@ def gather_async(src, index, *, out=None, backend="auto", aligned=True):
     device = index.device
     check_devices(device, loc, src.device)
     if out is None:
-        out = torch.empty(shape, dtype=src.dtype, device=device)
+        if device.type == "cpu" and _nbytes(shape, src) >= POOL_BYTES:
+            out = default_pool().empty(shape, src.dtype)
+        else:
+            out = torch.empty(shape, dtype=src.dtype, device=device)
     else:
         _check_out(out, shape, src, index.is_cuda, device)
     if out.numel() == 0:
@@ -293,8 +307,10 @@ def gather(src, index, *, out=None, backend="auto", aligned=True):
         CUDA                 pageable host       ValueError
         ===================  ==================  ===========  ===============
 
-        A CPU result is complete when this returns.  A CUDA result is ordered
-        on the current stream of device d.
+        A CPU result is complete when this returns; a new CPU output of 1 MiB
+        or more lives in a recycling pool (its pages are reused once the
+        tensor and all its views are gone), so it cannot be resized.  A CUDA
+        result is ordered on the current stream of device d.
 
     Raises
     ------

@@ -74,7 +74,8 @@ def gather_rows(src, idx, out, *, aligned=True):
     >>> out.tolist()
     [[4, 5], [0, 1]]
     """
-    _KERNELS[bool(aligned), out.nbytes >= SERIAL_BYTES](src, idx, out)
+    parallel = out.nbytes >= SERIAL_BYTES and numba.get_num_threads() > 1  # per calling thread
+    _KERNELS[bool(aligned), parallel](src, idx, out)
 
 
 def set_num_threads(n):

