@@ -185,7 +185,9 @@ class Pipeline:
             raise item.exc.with_traceback(item.exc.__traceback__)
         batch, event = item
         if event is not None:
-            torch.cuda.current_stream(self._device).wait_event(event)
+            current = torch.cuda.current_stream(self._device)
+            current.wait_event(event)
+            _record_stream(batch, current)
         with self._lock:
             if self._upcoming:
                 self._upcoming.popleft()
@@ -243,6 +245,16 @@ class Epoch:
 
     def __del__(self):
         self._p.close()
+
+
+def _record_stream(batch, stream):
+    """Tell the caching allocator that tensors made on the side stream are used on ``stream``."""
+    input_nodes, output_nodes, blocks = batch
+    for ids in (input_nodes, output_nodes):
+        for t in ids.values() if isinstance(ids, dict) else (ids,):
+            t.record_stream(stream)
+    for block in blocks:
+        block.record_stream(stream)  # structure and every frame column, gathered fields included
 
 
 def _to(x, device):

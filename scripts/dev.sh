@@ -37,7 +37,7 @@ case "${1:-}" in
     main)
         shift
         setup
-        "$VENV/bin/directload" bench gather --quick "$@"
+        "$VENV/bin/directload" train "$@"
         ;;
     test)
         shift

@@ -4,6 +4,7 @@ import contextlib
 import io
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,7 +112,10 @@ def load(root, name, *, affinity="cuda", pin="auto", quiet=True):
     ds = _ogb_dataset(root, name, path, quiet)
     graph, labels = ds[0]
     labels = labels.reshape(-1).long()
-    split = {k: v.long() for k, v in ds.get_idx_split().items()}
+    with warnings.catch_warnings():
+        # OGB's split reader hands pandas' read-only arrays to torch.from_numpy; the ids are copied by .to(long).
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        split = {k: v.long() for k, v in ds.get_idx_split().items()}
     feat_file = path / "raw" / FEATURE_FILE
     if feat_file.exists():
         feat = directload.from_file(feat_file, affinity=affinity, pin=pin)

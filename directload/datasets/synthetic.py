@@ -47,8 +47,8 @@ class SynthConfig:
     avg_degree: int = 20
     num_feats: int = 100
     num_classes: int = 10
-    homophily: float = 0.8
-    signal: float = 0.2
+    homophily: float = 0.7
+    signal: float = 0.15
     power: float = 2.2
     split: tuple = (0.2, 0.1)
     feat_dtype: str = "float32"
