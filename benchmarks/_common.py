@@ -10,7 +10,7 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 __all__ = ["RESULTS", "median_time", "interleaved_medians", "cuda_event_timer", "cuda_median_time",
-           "system_facts", "write_json", "print_table"]
+           "system_facts", "write_json", "print_table", "pyplot", "save_figure", "grouped_bars"]
 
 
 def median_time(fn, reps, warmup=1):
@@ -114,3 +114,37 @@ def _fmt(v):
     if isinstance(v, float):
         return f"{v:.2f}"
     return str(v)
+
+
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path):
+    """Lay out, write at 120 dpi and close."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    pyplot().close(fig)
+
+
+def grouped_bars(path, labels, series, ylabel, title, rotation=45):
+    """A bar group per label, one bar per ``series`` entry (name -> values)."""
+    import numpy as np
+
+    plt = pyplot()
+    x = np.arange(len(labels))
+    width = 0.8 / max(1, len(series))
+    fig, ax = plt.subplots(figsize=(max(8, len(labels) * 0.9), 4.5))
+    for i, (name, values) in enumerate(series.items()):
+        ax.bar(x + i * width, values, width, label=name)
+    ax.set_xticks(x + 0.4 - width / 2, labels, rotation=rotation, ha="right")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    save_figure(fig, path)

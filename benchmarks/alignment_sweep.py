@@ -16,7 +16,16 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, cuda_event_timer, interleaved_medians, print_table, system_facts, write_json  # noqa: E402
+from _common import (  # noqa: E402
+    RESULTS,
+    cuda_event_timer,
+    interleaved_medians,
+    print_table,
+    pyplot,
+    save_figure,
+    system_facts,
+    write_json,
+)
 
 from directload.capabilities import capabilities  # noqa: E402
 from directload.kernels import gather  # noqa: E402
@@ -89,11 +98,7 @@ def main(argv=None):
 
 
 def _plot(results, path, on_gpu):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     x = [r["row_bytes"] for r in results]
     fig, axes = plt.subplots(1, 2 if on_gpu else 1, figsize=(12 if on_gpu else 7, 4.5), squeeze=False)
     ax = axes[0][0]
@@ -112,9 +117,7 @@ def _plot(results, path, on_gpu):
         ax.set_ylabel("microseconds")
         ax.set_title("Measured gather time")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from _common import (  # noqa: E402
     RESULTS,
     cuda_event_timer,
     cuda_median_time,
+    grouped_bars,
     interleaved_medians,
     print_table,
     system_facts,
@@ -174,24 +175,9 @@ def main(argv=None):
 
 
 def _plot(rows, methods, path, on_gpu):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     labels = [f"{r['count'] // KIB}K x {r['row_bytes']}B" for r in rows]
-    x = np.arange(len(rows))
-    width = 0.8 / len(methods)
-    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.9), 4.5))
-    for i, m in enumerate(methods):
-        ax.bar(x + i * width, [r[m] for r in rows], width, label=m)
-    ax.set_xticks(x + 0.4 - width / 2, labels, rotation=45, ha="right")
-    ax.set_ylabel("GB/s")
-    ax.set_title("Gather bandwidth" + (" (GPU, zero-copy from pinned host)" if on_gpu else " (CPU)"))
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    title = "Gather bandwidth" + (" (GPU, zero-copy from pinned host)" if on_gpu else " (CPU)")
+    grouped_bars(path, labels, {m: [r[m] for r in rows] for m in methods}, "GB/s", title)
 
 
 if __name__ == "__main__":

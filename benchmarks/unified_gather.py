@@ -16,7 +16,15 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, cuda_event_timer, interleaved_medians, print_table, system_facts, write_json  # noqa: E402
+from _common import (  # noqa: E402
+    RESULTS,
+    cuda_event_timer,
+    grouped_bars,
+    interleaved_medians,
+    print_table,
+    system_facts,
+    write_json,
+)
 
 import directload  # noqa: E402
 from directload.capabilities import capabilities  # noqa: E402
@@ -83,25 +91,10 @@ def main(argv=None):
 
 
 def _plot(results, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     keys = [k for k in results[0] if k.endswith("_gbps")]
-    x = np.arange(len(results))
-    width = 0.8 / len(keys)
-    fig, ax = plt.subplots(figsize=(9, 4))
-    for i, k in enumerate(keys):
-        ax.bar(x + i * width, [r[k] for r in results], width, label=k[:-5])
-    ax.set_xticks(x + 0.4 - width / 2, [f"{r['count']} x {r['row_bytes']}B" for r in results], rotation=30,
-                  ha="right")
-    ax.set_ylabel("GB/s")
-    ax.set_title("Unified-tensor gather")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    labels = [f"{r['count']} x {r['row_bytes']}B" for r in results]
+    grouped_bars(path, labels, {k[:-5]: [r[k] for r in results] for k in keys}, "GB/s", "Unified-tensor gather",
+                 rotation=30)
 
 
 if __name__ == "__main__":

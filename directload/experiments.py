@@ -77,7 +77,7 @@ def _plot(summary, path, meta):
 
     labels = [f"{r['model']}\n{r['loader']}" for r in summary]
     parts = [("sample_s", "sampling"), ("gather_s", "feature gather/copy"), ("train_s", "training")]
-    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(summary)), 4.5))
+    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(summary)) + 2.5, 4.5))
     bottom = [0.0] * len(summary)
     for key, label in parts:
         vals = [r[key] for r in summary]
@@ -90,7 +90,7 @@ def _plot(summary, path, meta):
                     xytext=(0, 6), ha="center", fontsize=8)
     ax.set_ylabel("seconds per epoch (median)")
     ax.set_title(f"Epoch breakdown: {meta.get('dataset', '')} on {meta.get('device', 'cpu')}")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -3,12 +3,16 @@
 import atexit
 import functools
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from directload.capabilities import capabilities
+
+from .cpu import gather_rows, index_bounds
 from .host_pool import default_pool
 
 __all__ = ["gather", "gather_async", "GatherFuture", "resolve_backend", "check_devices", "BACKENDS"]
@@ -86,6 +90,7 @@ def _src_location(src):
 
 
 def _check_index(index, n_rows):
+    """The index as a contiguous tensor, after dtype, shape and range checks."""
     if isinstance(index, np.ndarray):
         index = torch.from_numpy(index)
     if not isinstance(index, torch.Tensor):
@@ -98,9 +103,7 @@ def _check_index(index, n_rows):
         if index.is_cuda:
             lo, hi = (int(v) for v in torch.aminmax(index))  # one sync
         else:
-            from .cpu import index_bounds
-
-            lo, hi = (int(v) for v in index_bounds(index.numpy()))
+            lo, hi = index_bounds(index.numpy())
         if lo < 0:
             raise IndexError(f"index {lo} is negative; valid rows are 0..{n_rows - 1}")
         if hi >= n_rows:
@@ -199,6 +202,24 @@ def _nbytes(shape, src):
     return n
 
 
+_views = {}
+
+
+def _host_bits(src):
+    """``_bits(src)`` as a numpy array, cached per table object: tables are gathered from again and again.
+
+    Keyed by ``id``, with a weak reference that drops the entry when the table
+    dies, and checked against its address and shape on every hit.
+    """
+    key = (src.data_ptr(), tuple(src.shape), src.dtype)
+    hit = _views.get(id(src))
+    if hit is None or hit[0]() is not src or hit[1] != key:
+        ident = id(src)
+        hit = (weakref.ref(src, lambda _: _views.pop(ident, None)), key, _bits(src, src.shape[0]).numpy())
+        _views[ident] = hit
+    return hit[2]
+
+
 def _bits(t, rows):
     """The tensor's bits as a 2-D carrier-dtype view ``[rows, row_elems]``."""
     return t.view(_CARRIER[t.element_size()]).reshape(rows, -1)
@@ -210,12 +231,11 @@ def gather_async(src, index, *, out=None, backend="auto", aligned=True):
     Same arguments, checks and memory contract as :func:`gather`; every check
     runs before this returns, so a bad input raises here, not in ``wait()``.
     """
-    from directload.capabilities import capabilities
-
     _check_src(src)
     n_rows = src.shape[0]
     index = _check_index(index, n_rows)
-    loc = _src_location(src)
+    # Only a GPU kernel cares whether host memory is mapped; a CPU index needs src off the device.
+    loc = _src_location(src) if index.is_cuda else ("cuda" if src.is_cuda else "host")
     caps = capabilities() if index.is_cuda else None
     name = resolve_backend(backend, index.is_cuda, loc,
                            has_cupy=bool(caps and caps.cupy), has_numba_cuda=bool(caps and caps.numba_cuda))
@@ -232,9 +252,7 @@ def gather_async(src, index, *, out=None, backend="auto", aligned=True):
     if out.numel() == 0:
         return GatherFuture(None, out)
     if name == "cpu":
-        args = (_bits(src, n_rows).numpy(), index.numpy(), _bits(out, shape[0]).numpy())
-        from .cpu import gather_rows
-
+        args = (_host_bits(src), index.numpy(), _bits(out, shape[0]).numpy())
         if out.nbytes < INLINE_BYTES:  # too small to gain from overlap: finish now
             gather_rows(*args, aligned=aligned)
             return GatherFuture(None, out)
