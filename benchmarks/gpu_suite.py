@@ -22,6 +22,8 @@ BENCHMARKS = [
     ("gather_bandwidth", "gather_bandwidth.py", ["--device", "cuda", "--name", "gpu_gather_bandwidth"]),
     ("alignment_sweep", "alignment_sweep.py", ["--name", "gpu_alignment_sweep"]),
     ("unified_gather", "unified_gather.py", ["--name", "gpu_unified_gather"]),
+    ("loader_e2e", "loader_e2e.py", ["--device", "cuda", "--seeds", "1", "--epochs", "2",
+                                     "--out", "benchmarks/results/gpu", "--no-progress"]),
 ]
 
 

@@ -96,8 +96,10 @@ def from_file(path, dtype=None, shape=None, *, offset=0, mode="r", affinity="cud
     if int(np.prod(shape, dtype=np.int64)) == 0:
         array = np.empty(shape, np_dtype)
     else:
-        array = np.memmap(path, dtype=np_dtype, mode=mode, offset=data_offset, shape=shape)
-    out = to_unified(array, affinity, pin=pin)
+        # "r" maps copy-on-write: a stray write through .host then changes private pages
+        # instead of faulting on a read-only mapping; the unified tensor still refuses writes.
+        array = np.memmap(path, dtype=np_dtype, mode="c" if mode == "r" else mode, offset=data_offset, shape=shape)
+    out = to_unified(array, affinity, pin=pin, read_only=mode == "r")
     out._origin = ("file", {"path": path, "dtype": None if path.endswith(".npy") and dtype is None else np_dtype.str,
                             "shape": None if dtype is None else shape, "offset": offset, "mode": mode, "pin": pin})
     return out

@@ -329,7 +329,7 @@ def ones(shape, *, dtype=torch.float32, affinity="cuda", pin="require", shared=F
     return t
 
 
-def to_unified(data, affinity="cuda", *, copy=False, pin="require"):
+def to_unified(data, affinity="cuda", *, copy=False, pin="require", read_only=None):
     """Make a unified tensor of ``data``.
 
     Parameters
@@ -345,6 +345,9 @@ def to_unified(data, affinity="cuda", *, copy=False, pin="require"):
         Copy into a fresh pooled pinned allocation instead of registering.
     pin : {"require", "auto", "never"}
         See :func:`empty`.
+    read_only : bool, optional
+        Refuse writes, and register read-only with CUDA (which never forces a
+        copy of private pages).  Default: whether a numpy ``data`` is read-only.
 
     Returns
     -------
@@ -370,12 +373,12 @@ def to_unified(data, affinity="cuda", *, copy=False, pin="require"):
     if isinstance(data, UnifiedTensor):
         return data.with_affinity(affinity)
     if isinstance(data, np.ndarray):
-        writable = data.flags.writeable
+        writable = data.flags.writeable if read_only is None else not read_only
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             data = torch.from_numpy(data)
     elif isinstance(data, torch.Tensor):
-        writable = True
+        writable = not read_only
     else:
         raise TypeError(f"to_unified takes a torch.Tensor or numpy.ndarray, got {type(data).__name__}")
     if data.is_cuda:

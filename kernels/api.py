@@ -206,7 +206,7 @@ _views = {}
 
 
 def _host_bits(src):
-    """``_bits(src)`` as a numpy array, cached per table object: tables are gathered from again and again.
+    """``_bits(src)`` as a numpy array, cached per tensor object: tables (and ``out=`` buffers) recur.
 
     Keyed by ``id``, with a weak reference that drops the entry when the table
     dies, and checked against its address and shape on every hit.
@@ -252,7 +252,7 @@ def gather_async(src, index, *, out=None, backend="auto", aligned=True):
     if out.numel() == 0:
         return GatherFuture(None, out)
     if name == "cpu":
-        args = (_host_bits(src), index.numpy(), _bits(out, shape[0]).numpy())
+        args = (_host_bits(src), index.numpy(), _host_bits(out))
         if out.nbytes < INLINE_BYTES:  # too small to gain from overlap: finish now
             gather_rows(*args, aligned=aligned)
             return GatherFuture(None, out)

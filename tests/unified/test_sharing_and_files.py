@@ -104,3 +104,11 @@ def test_file_mapping_is_zero_copy(tmp_path):
     got = x[torch.tensor([(1 << 18) - 1])]
     assert (got == 5.0).all()
     assert psutil.Process(os.getpid()).memory_info().rss - rss < 16 << 20  # not read into memory
+
+
+def test_stray_host_writes_to_a_read_only_file_do_not_crash_or_change_it(tmp_path):
+    np.save(tmp_path / "a.npy", np.zeros((4, 2), np.float32))
+    x = directload.from_file(tmp_path / "a.npy")
+    x.host[1] = 9.0  # copy-on-write mapping: private pages change, the file does not
+    assert x.host[1].tolist() == [9.0, 9.0]
+    assert np.load(tmp_path / "a.npy")[1].tolist() == [0.0, 0.0]
