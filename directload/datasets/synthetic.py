@@ -61,7 +61,7 @@ PRESETS = {
     "synth-tiny": SynthConfig(num_nodes=3_000, avg_degree=10, num_feats=32, num_classes=5, chunk_nodes=1_000),
     "synth-small": SynthConfig(),
     "synth-medium": SynthConfig(num_nodes=2_000_000, avg_degree=20, num_feats=128),
-    "synth-large": SynthConfig(num_nodes=20_000_000, avg_degree=12, num_feats=128, feat_dtype="float16"),
+    "synth-large": SynthConfig(num_nodes=20_000_000, avg_degree=6, num_feats=128, feat_dtype="float16"),
 }
 
 
