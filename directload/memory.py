@@ -280,12 +280,18 @@ _state_lock = threading.Lock()
 
 
 def runtime():
-    """The process's ``HostRuntime``: CuPy's where CUDA is usable, else ``None``."""
+    """The process's ``HostRuntime``: CuPy's where CUDA is usable (else Numba's), ``None`` without CUDA."""
     from directload.capabilities import capabilities
 
     with _state_lock:
         if "runtime" not in _state:
-            _state["runtime"] = CupyRuntime() if capabilities().cuda and capabilities().cupy else None
+            caps = capabilities()
+            if not caps.cuda:
+                _state["runtime"] = None
+            elif caps.cupy:
+                _state["runtime"] = CupyRuntime()
+            else:  # new tables still get mapped memory; registering existing memory needs CuPy
+                _state["runtime"] = NumbaMappedRuntime() if caps.numba_cuda else None
         return _state["runtime"]
 
 
