@@ -60,9 +60,17 @@ def test_async_ladder(rng):
     idx = torch.from_numpy(rng.integers(0, 100, 500))
     fut = gather_async(src, idx)
     assert isinstance(fut, GatherFuture)
+    assert not fut.done()  # a CPU gather runs in wait(), on this thread
     got = fut.wait()
-    assert fut.done()
+    assert fut.done() and fut.wait() is got
     assert torch.equal(got, src[idx])
+    fut = gather_async(src, idx, background=True)  # on the worker thread, at once
+    assert torch.equal(fut.wait(), src[idx]) and fut.done()
+
+
+def test_bad_input_raises_in_gather_async_not_in_wait():
+    with pytest.raises(IndexError, match="out of range"):
+        gather_async(torch.zeros(3, 2), torch.tensor([3]))
 
 
 def test_tables_over_2_pow_31_elements():
