@@ -89,8 +89,11 @@ def _start(table, ids, device):
     if not isinstance(table, torch.Tensor):
         out = table.gather(ids, device)  # a store
         return lambda: out
-    mapped = getattr(table, "is_unified", False) and table.memory_kind != "host"
-    if device.type == "cuda" and (table.is_cuda or mapped or table.is_pinned()):
+    if getattr(table, "is_unified", False):
+        # Its plain host view: same bytes, pinned where the unified tensor is, and no
+        # __torch_function__ dispatch on every metadata query of the gather's checks.
+        table = table.host
+    if device.type == "cuda" and (table.is_cuda or table.is_pinned()):
         fut = gather_async(table, ids.to(device, non_blocking=True))
         return fut.wait
     fut = gather_async(table, ids.cpu())
