@@ -7,6 +7,8 @@ import statistics
 import time
 from pathlib import Path
 
+from directload.plotting import pyplot, save_figure  # re-exported for the scripts
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 __all__ = ["RESULTS", "median_time", "interleaved_medians", "cuda_event_timer", "cuda_median_time",
@@ -114,23 +116,6 @@ def _fmt(v):
     if isinstance(v, float):
         return f"{v:.2f}"
     return str(v)
-
-
-def pyplot():
-    """matplotlib.pyplot on the file-only Agg backend."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig, path):
-    """Lay out, write at 120 dpi and close."""
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    pyplot().close(fig)
 
 
 def grouped_bars(path, labels, series, ylabel, title, rotation=45):

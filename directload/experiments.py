@@ -6,6 +6,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from .plotting import pyplot, save_figure
 from .train import TrainConfig, train
 
 __all__ = ["compare", "summarize", "write_report"]
@@ -70,11 +71,7 @@ def write_report(rows, out_dir, name, meta):
 
 
 def _plot(summary, path, meta):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     labels = [f"{r['model']}\n{r['loader']}" for r in summary]
     parts = [("sample_s", "sampling"), ("gather_s", "feature gather/copy"), ("train_s", "training")]
     fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(summary)) + 2.5, 4.5))
@@ -91,6 +88,4 @@ def _plot(summary, path, meta):
     ax.set_ylabel("seconds per epoch (median)")
     ax.set_title(f"Epoch breakdown: {meta.get('dataset', '')} on {meta.get('device', 'cpu')}")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)

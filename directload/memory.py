@@ -24,6 +24,8 @@ __all__ = [
     "register",
     "REGISTER_CHUNK",
     "host_array",
+    "host_view",
+    "nbytes_of",
 ]
 
 # cudaHostAlloc / cudaHostRegister flags (CUDA Runtime API, "Memory Management").
@@ -336,9 +338,21 @@ class _Raw:
                                     "version": 3}
 
 
+def host_view(ptr, nbytes, owner, writable=True):
+    """A uint8 numpy array over ``[ptr, ptr+nbytes)`` that keeps ``owner`` alive while it lives."""
+    return np.asarray(_Raw(ptr, nbytes, owner, writable))
+
+
 def host_array(alloc, writable=True):
     """A uint8 numpy array over an allocation's bytes; it keeps the allocation alive."""
-    return np.asarray(_Raw(alloc.ptr, alloc.nbytes, alloc, writable))
+    return host_view(alloc.ptr, alloc.nbytes, alloc, writable)
+
+
+def nbytes_of(shape, dtype):
+    """Bytes of a C-contiguous tensor of ``shape`` and torch ``dtype``."""
+    import torch
+
+    return int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
 
 
 def allocate(nbytes, *, pin="require", shared=False):

@@ -45,8 +45,8 @@ class EpochStats:
     """Seconds spent in one epoch.
 
     ``sample_s`` and ``gather_s`` are measured where the work runs: on the
-    training thread for DGL's loader, on background threads for directload's
-    (where they overlap ``train_s``).  ``wait_s`` is the time the training
+    training thread for DGL's loader, in directload's pipeline for its own
+    (overlapping ``train_s`` only where that runs on background threads).  ``wait_s`` is the time the training
     loop waited for a batch; ``epoch_s = wait_s + train_s`` up to loop overhead.
     """
 

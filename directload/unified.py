@@ -240,16 +240,16 @@ def _to_meta(x):
 
 def _check_write_index(index, n_rows):
     """Range-check tensor indices of a write: a CUDA write out of range would kill the context."""
-    for part in (index if isinstance(index, tuple) else (index,))[:1]:
-        if isinstance(part, (list, np.ndarray)):
-            part = torch.as_tensor(part)
-        if isinstance(part, torch.Tensor) and part.dtype in (torch.int32, torch.int64) and part.numel():
-            lo, hi = int(part.min()), int(part.max())
-            if lo < -n_rows or hi >= n_rows:
-                bad = hi if hi >= n_rows else lo
-                raise IndexError(f"index {bad} is out of range for {n_rows} rows")
-        elif isinstance(part, int) and not -n_rows <= part < n_rows:
-            raise IndexError(f"index {part} is out of range for {n_rows} rows")
+    part = index[0] if isinstance(index, tuple) and index else index  # the row index
+    if isinstance(part, (list, np.ndarray)):
+        part = torch.as_tensor(part)
+    if isinstance(part, torch.Tensor) and part.dtype in (torch.int32, torch.int64) and part.numel():
+        lo, hi = int(part.min()), int(part.max())
+        if lo < -n_rows or hi >= n_rows:
+            bad = hi if hi >= n_rows else lo
+            raise IndexError(f"index {bad} is out of range for {n_rows} rows")
+    elif isinstance(part, int) and not -n_rows <= part < n_rows:
+        raise IndexError(f"index {part} is out of range for {n_rows} rows")
 
 
 def _check_affinity(affinity):
@@ -258,8 +258,7 @@ def _check_affinity(affinity):
 
 
 def _from_allocation(alloc, dtype, shape, affinity, *, writable=True, origin=None):
-    nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
-    raw = memory.host_array(alloc, writable)[:nbytes]
+    raw = memory.host_array(alloc, writable)[:memory.nbytes_of(shape, dtype)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # read-only mappings: writes are refused above
         host = torch.from_numpy(raw).view(dtype).view(shape)
@@ -295,8 +294,7 @@ def empty(shape, *, dtype=torch.float32, affinity="cuda", pin="require", shared=
     """
     _check_affinity(affinity)
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
-    alloc = memory.allocate(nbytes, pin=pin, shared=shared)
+    alloc = memory.allocate(memory.nbytes_of(shape, dtype), pin=pin, shared=shared)
     origin = ("shared", alloc.owner.view(-1)) if shared else None
     return _from_allocation(alloc, dtype, shape, affinity, origin=origin)
 
@@ -421,5 +419,4 @@ def _rebuild(origin, affinity, dtype, shape):
         from .files import from_file
 
         return from_file(**origin[1], affinity=affinity)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
-    return to_unified(origin[1][:nbytes].view(dtype).view(shape), affinity, pin="auto")
+    return to_unified(origin[1][:memory.nbytes_of(shape, dtype)].view(dtype).view(shape), affinity, pin="auto")

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from directload.capabilities import capabilities
+from directload.memory import nbytes_of
 
 from .cpu import gather_rows, index_bounds
 from .host_pool import default_pool
@@ -196,13 +197,6 @@ def _cpu_pool():
         return _pool
 
 
-def _nbytes(shape, src):
-    n = src.element_size()
-    for d in shape:
-        n *= d
-    return n
-
-
 _views = {}
 
 
@@ -246,7 +240,7 @@ def gather_async(src, index, *, out=None, backend="auto", aligned=True, backgrou
     device = index.device
     check_devices(device, loc, src.device)
     if out is None:
-        if device.type == "cpu" and _nbytes(shape, src) >= POOL_BYTES:
+        if device.type == "cpu" and nbytes_of(shape, src.dtype) >= POOL_BYTES:
             out = default_pool().empty(shape, src.dtype)
         else:
             out = torch.empty(shape, dtype=src.dtype, device=device)

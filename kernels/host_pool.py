@@ -6,6 +6,8 @@ import weakref
 import numpy as np
 import torch
 
+from directload.memory import host_view, nbytes_of
+
 __all__ = ["HostBufferPool", "size_class", "default_pool"]
 
 
@@ -21,10 +23,8 @@ def size_class(nbytes):
 class _Lease:
     """Holds one block while any tensor over it lives; then the block goes back to the pool."""
 
-    def __init__(self, block, pool, nbytes):
+    def __init__(self, block, pool):
         self.block = block
-        self.__array_interface__ = {"data": (block.ctypes.data, False), "shape": (nbytes,), "typestr": "|u1",
-                                    "version": 3}
         weakref.finalize(self, pool._give_back, block)
 
 
@@ -53,7 +53,7 @@ class HostBufferPool:
     def empty(self, shape, dtype):
         """An uninitialised CPU tensor of ``shape`` and ``dtype`` on a pooled block."""
         shape = tuple(shape)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+        nbytes = nbytes_of(shape, dtype)
         size = size_class(max(nbytes, 1))
         with self._lock:
             blocks = self._free.get(size)
@@ -65,7 +65,7 @@ class HostBufferPool:
                 self.stats["fresh"] += 1
         if block is None:
             block = np.empty(size, np.uint8)
-        raw = np.asarray(_Lease(block, self, nbytes))
+        raw = host_view(block.ctypes.data, nbytes, _Lease(block, self))
         return torch.from_numpy(raw).view(dtype).view(shape)
 
     def _give_back(self, block):

@@ -1,6 +1,7 @@
 """The loader's pipeline: sample ahead, gather the next batch while the current one trains, shut down cleanly."""
 
 import atexit
+import contextlib
 import queue
 import threading
 import time
@@ -20,7 +21,7 @@ _live = weakref.WeakSet()
 class _Failure:
     """An exception raised in a pipeline thread, carried to the consumer with its traceback."""
 
-    def __init__(self, exc, where):
+    def __init__(self, exc, where):  # where: the thread's role, None for the caller's own thread
         self.exc = exc
         self.where = where
 
@@ -49,12 +50,11 @@ class Pipeline:
 
     POLL = 0.1  # seconds between checks of the stop flag while blocked
 
-    def __init__(self, dgl_iter, spec, device, lookahead, sample_in_thread, overlap, gather_threads=None):
+    def __init__(self, dgl_iter, spec, device, lookahead, sample_in_thread, overlap):
         self._it = dgl_iter
         self._spec = spec
         self._device = torch.device(device)
         self._lookahead = lookahead
-        self._gather_threads = gather_threads
         self._stop = threading.Event()
         # Sampling on a thread is held back by a bounded queue; sampling on the caller
         # is bounded in __next__ instead, and its queue must never block the caller.
@@ -121,7 +121,7 @@ class Pipeline:
 
     def _assemble(self, batch, stream):
         """Move a sampled batch to the device and gather its fields (on ``stream`` for CUDA)."""
-        with torch.cuda.stream(stream) if stream is not None else _nullcontext():
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             input_nodes, output_nodes, blocks = batch
             if self._device.type == "cuda":
                 blocks = [b.to(self._device, non_blocking=True) for b in blocks]
@@ -133,10 +133,6 @@ class Pipeline:
 
     def _gather_loop(self):
         stream = torch.cuda.Stream(self._device) if self._device.type == "cuda" else None
-        if self._gather_threads is not None:
-            import numba
-
-            numba.set_num_threads(self._gather_threads)  # this thread's CPU gathers only
         try:
             while True:
                 batch = self._get(self._sampled)
@@ -168,7 +164,7 @@ class Pipeline:
                     self._sample_one()
                 except Exception as exc:  # raised in order, after the batches before it
                     self._exhausted = True
-                    self._put(self._sampled, _Failure(exc, "sampler"))
+                    self._put(self._sampled, _Failure(exc, None))
         t0 = time.perf_counter()
         if self._overlap:
             item = self._get(self._ready)
@@ -182,6 +178,8 @@ class Pipeline:
             raise StopIteration
         if isinstance(item, _Failure):
             self.close()
+            if item.where is not None:
+                item.exc.add_note(f"(raised on directload's {item.where} thread)")
             raise item.exc.with_traceback(item.exc.__traceback__)
         batch, event = item
         if event is not None:
@@ -262,10 +260,3 @@ def _to(x, device):
         return {k: v.to(device, non_blocking=True) for k, v in x.items()}
     return x.to(device, non_blocking=True)
 
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
