@@ -83,6 +83,7 @@ def system_facts():
     import torch
 
     from directload.capabilities import capabilities
+    from directload.kernels import cpu
 
     return {
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -90,6 +91,7 @@ def system_facts():
         "cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "numba_threads": numba.get_num_threads(),
+        "cpu_gather_team": cpu.team(),
         "torch": torch.__version__,
         "capabilities": capabilities().as_dict(),
     }

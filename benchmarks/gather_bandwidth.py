@@ -1,6 +1,7 @@
 """Gather bandwidth microbenchmark (seed 002, Figure 4.6): random rows of a large table.
 
-On the CPU: directload's ``cpu`` backend (aligned and naive) against
+On the CPU: directload's ``cpu`` backend (aligned and naive; ``--team`` picks
+the thread team that runs it, see kernels/cpu.py) against
 ``torch.index_select`` and ``numpy.take``, in GB/s and as % of a memcpy of the
 same bytes measured in the same run.  On a GPU: aligned against naive kernels
 of both backends reading a pinned table zero-copy, against the paper's baseline
@@ -13,6 +14,7 @@ import itertools
 import sys
 from pathlib import Path
 
+import numba
 import numpy as np
 import torch
 from tqdm import tqdm
@@ -140,12 +142,18 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=7, help="least timed rounds per point")
     p.add_argument("--threads", type=int, default=2, help="CPU threads for every CPU method")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--team", choices=["auto", "torch", "numba"], default="auto",
+                   help="thread team of the cpu backend: torch's OpenMP team (the default where it exists) "
+                        "or Numba's; one team per run, since two teams' spinning threads slow each other")
     p.add_argument("--name", default="gather_bandwidth")
     args = p.parse_args(argv)
     if args.quick:
         vars(args).update(QUICK)
     torch.set_num_threads(args.threads)
-    cpu_backend.set_num_threads(min(args.threads, cpu_backend.get_num_threads()))
+    cpu_backend.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
+    if args.team != "auto":
+        cpu_backend.set_team(args.team)
+    args.team = cpu_backend.team()
     on_gpu = args.device == "cuda" or (args.device == "auto" and capabilities().cuda)
     rng = np.random.default_rng(0)
     h2d = h2d_bandwidth(args.reps) if on_gpu else None
@@ -163,7 +171,7 @@ def main(argv=None):
                 bar.update()
             del table
     methods = [k for k in res]
-    where = f"GPU {capabilities().device_name}" if on_gpu else f"CPU, {args.threads} threads"
+    where = f"GPU {capabilities().device_name}" if on_gpu else f"CPU, {args.threads} threads, {args.team} team"
     print(f"\nGB/s (median of >= {args.reps} interleaved rounds), {where}")
     print_table(results, ["row_bytes", "count", *methods, *_ratios(res, on_gpu)])
     payload = {"benchmark": "gather_bandwidth", "device": "cuda" if on_gpu else "cpu", "args": vars(args),

@@ -30,7 +30,10 @@ class Capabilities:
     io_uring : bool
         The ``liburing`` package imports and the kernel lets it set up a ring.
     cpu_threads : int
-        Threads the CPU gather kernel uses.
+        Threads a parallel CPU gather uses (at the time of the probe).
+    cpu_team : str
+        Whose OpenMP team runs parallel CPU gathers: ``"torch"`` or ``"numba"``
+        (``directload.kernels.cpu`` says why).
     host_memory : str
         Memory new unified tensors get: ``"pinned-mapped"`` with CUDA, else
         ``"host"`` (ordinary pageable memory).
@@ -45,6 +48,7 @@ class Capabilities:
     cudasim: bool
     io_uring: bool
     cpu_threads: int
+    cpu_team: str
     host_memory: str
 
     def as_dict(self):
@@ -119,7 +123,7 @@ def capabilities():
     >>> caps.host_memory in ("pinned-mapped", "host")
     True
     """
-    import numba
+    from directload.kernels import cpu
 
     cudasim = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
     cuda, count, name = _cuda()
@@ -132,6 +136,7 @@ def capabilities():
         numba_cuda=_numba_cuda(cudasim),
         cudasim=cudasim,
         io_uring=_io_uring(),
-        cpu_threads=numba.get_num_threads(),
+        cpu_threads=cpu.get_num_threads(),
+        cpu_team=cpu.team(),
         host_memory="pinned-mapped" if cuda else "host",
     )

@@ -1,6 +1,7 @@
 """Host memory for unified tensors: pooled pinned allocations, chunked registration, plain fallback."""
 
 import contextlib
+import math
 import os
 import resource
 import shutil
@@ -350,9 +351,7 @@ def host_array(alloc, writable=True):
 
 def nbytes_of(shape, dtype):
     """Bytes of a C-contiguous tensor of ``shape`` and torch ``dtype``."""
-    import torch
-
-    return int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+    return math.prod(shape) * dtype.itemsize
 
 
 def allocate(nbytes, *, pin="require", shared=False):

@@ -73,12 +73,12 @@ def test_bad_input_raises_in_gather_async_not_in_wait():
         gather_async(torch.zeros(3, 2), torch.tensor([3]))
 
 
-def test_tables_over_2_pow_31_elements():
+@pytest.mark.parametrize("row", [64, 4096], ids=["loop-copied", "memcpy-copied"])
+def test_tables_over_2_pow_31_elements(row):
     """64-bit offsets: rows past element 2**31 of an int8 table come back right."""
-    row = 64
-    rows = (1 << 31) // row + 1000  # 2.1 GB, allocated lazily; only touched rows are written
+    rows = (1 << 31) // row + 1000 * 64 // row + 1  # 2.1 GB, allocated lazily; only touched rows are written
     src = torch.empty(rows, row, dtype=torch.int8)
-    picks = torch.tensor([rows - 1, 5, (1 << 31) // row + 3, rows - 1000], dtype=torch.int64)
+    picks = torch.tensor([rows - 1, 5, (1 << 31) // row + 3, rows - 2], dtype=torch.int64)
     for i, r in enumerate(picks.tolist()):
         src[r] = torch.arange(row, dtype=torch.int8) + i
     for aligned in (True, False):
