@@ -2,6 +2,7 @@
 
 import atexit
 import functools
+import math
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -337,13 +338,36 @@ def gather_async(src, index, *, out=None, backend="auto", aligned=True, backgrou
     return _launch_gpu(name, src, index, out, aligned)
 
 
+def vector_units(row_bytes, src_addr, out_addr):
+    """Whether the aligned GPU kernel may read 16-byte units (CUDA ``uint4`` vector loads).
+
+    Every row must start and end on a 16-byte boundary in both tables: rows a
+    multiple of 16 bytes, both tables 16-byte aligned.  Pure.
+
+    Examples
+    --------
+    >>> vector_units(400, 0x1000, 0x2040), vector_units(404, 0x1000, 0x2040), vector_units(400, 0x1004, 0)
+    (True, False, False)
+    """
+    return row_bytes > 0 and row_bytes % 16 == 0 and src_addr % 16 == 0 and out_addr % 16 == 0
+
+
+def _gpu_bits(t, rows, vector):
+    """``_bits(t)``, or with ``vector`` a view in 16-byte units (complex128 only carries the bits)."""
+    if vector:
+        return t.view(torch.uint8).reshape(rows, -1).view(torch.complex128)
+    return _bits(t, rows)
+
+
 def _launch_gpu(name, src, index, out, aligned):
     from .interop import cuda_array
 
+    row_bytes = src.element_size() * math.prod(src.shape[1:])
+    vector = aligned and vector_units(row_bytes, src.data_ptr(), out.data_ptr())
     with torch.cuda.device(index.device):
         stream = torch.cuda.current_stream()
-        s = cuda_array(_bits(src, src.shape[0]))
-        o = _bits(out, out.shape[0])
+        s = cuda_array(_gpu_bits(src, src.shape[0], vector))
+        o = _gpu_bits(out, out.shape[0], vector)
         if name == "cupy":
             import cupy
 

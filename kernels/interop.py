@@ -2,7 +2,8 @@
 
 __all__ = ["CudaArrayView", "cuda_array"]
 
-_TYPESTR = {1: "|u1", 2: "<i2", 4: "<i4", 8: "<i8"}
+# By element size; 16 is the vector-unit carrier (complex128 moves 16 bytes, no arithmetic).
+_TYPESTR = {1: "|u1", 2: "<i2", 4: "<i4", 8: "<i8", 16: "<c16"}
 
 
 class CudaArrayView:

@@ -11,7 +11,8 @@ from .host_emu import CUDA_DIR
 __all__ = ["NvrtcError", "CompileResult", "find_libnvrtc", "kernel_name", "compile_gather", "ELEM_TYPES", "INDEX_TYPES"]
 
 #: C++ bit-carrier type for each element size, and C++ type per index size.
-ELEM_TYPES = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
+#: Bit-carrier type by element size; 16 is the vector unit (``uint4``) of 16-byte-aligned rows.
+ELEM_TYPES = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long", 16: "uint4"}
 INDEX_TYPES = {4: "int", 8: "long long"}
 
 

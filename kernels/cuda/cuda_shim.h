@@ -14,3 +14,8 @@ extern dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __host__
 #define __forceinline__ inline
 #define __restrict__ __restrict
+
+// CUDA's built-in 16-byte vector type, for the vector-unit specialisation.
+struct alignas(16) uint4 {
+    unsigned int x, y, z, w;
+};

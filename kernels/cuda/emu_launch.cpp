@@ -50,6 +50,7 @@ extern "C" int dl_emu_gather(int aligned, int elem, int idx_bytes, unsigned grid
         case 2: return launch_idx<unsigned short>(idx_bytes, aligned, grid, block, src, idx, out, n_idx, row_elems, trace_tid, trace_step);
         case 4: return launch_idx<unsigned int>(idx_bytes, aligned, grid, block, src, idx, out, n_idx, row_elems, trace_tid, trace_step);
         case 8: return launch_idx<unsigned long long>(idx_bytes, aligned, grid, block, src, idx, out, n_idx, row_elems, trace_tid, trace_step);
+        case 16: return launch_idx<uint4>(idx_bytes, aligned, grid, block, src, idx, out, n_idx, row_elems, trace_tid, trace_step);
     }
     return -1;
 }

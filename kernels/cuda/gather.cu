@@ -3,8 +3,9 @@
 // warp step confined to whole 128-byte lines, circular shift at the row head).
 //
 // T is the bit-carrier of the element (unsigned char/short/int/long long: the
-// gather copies bits, so fp16, bf16 and int16 share one specialisation), I the
-// index type (int or long long).  All offsets are 64-bit.
+// gather copies bits, so fp16, bf16 and int16 share one specialisation; uint4
+// for 16-byte vector units where rows allow), I the index type (int or long
+// long).  All offsets are 64-bit.
 //
 // dl_aligned_geometry / dl_aligned_span mirror kernels/indexing.py line for
 // line; tests compare the two input by input, and the host-emulation build
@@ -98,18 +99,22 @@ __global__ void gather_aligned(const T* __restrict__ src, const I* __restrict__ 
         for (long long step = 0; step < g.steps; ++step) {
             long long lo, hi;
             dl_aligned_span(lane, step, row_addr, row_bytes, elem, DL_WARP, g, &lo, &hi);
-            if (sizeof(T) < 4 && hi - lo == 4 / (long long)sizeof(T)) {
-                // A whole 4-byte word inside the row: one aligned 32-bit load.
-                const unsigned int w = *reinterpret_cast<const unsigned int*>(s + lo);
-                for (long long c = lo; c < hi; ++c) {
-                    o[c] = (T)(w >> (8 * sizeof(T) * (c - lo)));  // little-endian
-                    dl_trace(trace_tid, trace_step, r * row_elems + c, tid, step);
+            if constexpr (sizeof(T) < 4) {
+                if (hi - lo == 4 / (long long)sizeof(T)) {
+                    // A whole 4-byte word inside the row: one aligned 32-bit load.
+                    const unsigned int w = *reinterpret_cast<const unsigned int*>(s + lo);
+                    for (long long c = lo; c < hi; ++c) {
+                        o[c] = (T)(w >> (8 * sizeof(T) * (c - lo)));  // little-endian
+                        dl_trace(trace_tid, trace_step, r * row_elems + c, tid, step);
+                    }
+                    continue;
                 }
-            } else {
-                for (long long c = lo; c < hi; ++c) {
-                    o[c] = s[c];
-                    dl_trace(trace_tid, trace_step, r * row_elems + c, tid, step);
-                }
+            }
+            // One element per lane; with T = uint4 (16-byte units, chosen by the caller
+            // when rows and both tables are 16-byte aligned) a vector load and store.
+            for (long long c = lo; c < hi; ++c) {
+                o[c] = s[c];
+                dl_trace(trace_tid, trace_step, r * row_elems + c, tid, step);
             }
         }
     }

@@ -75,3 +75,19 @@ def test_block_must_be_whole_warps(rng):
     with pytest.raises(ValueError, match="multiple of the warp size"):
         numba_cuda.gather_rows(src, cuda.to_device(np.zeros(1, np.int64)), cuda.device_array((1, 11), np.float32),
                                block=48)
+
+
+@pytest.mark.parametrize("units", [1, 3, 8, 25, 33])
+def test_16_byte_units_match_numpy_and_the_model(units, rng):
+    """Rows viewed as 16-byte units (the vector path gather() takes for 16-byte-aligned rows)."""
+    for offset in range(0, 128, 16):
+        src = _mapped(rng, 10, units, np.complex128, offset)
+        idx = rng.integers(0, 10, 6)
+        _check(src, idx, aligned=True)
+        out = cuda.device_array((6, units), np.complex128)
+        tid, step = numba_cuda.gather_rows(src, cuda.to_device(idx), out, aligned=True, grid=2, block=64,
+                                           trace=True)
+        want_tid, want_step = thread_map(idx, units, 16, aligned=True, grid=2, block=64,
+                                         src_addr=numba_cuda.array_address(src))
+        np.testing.assert_array_equal(tid.copy_to_host(), want_tid)
+        np.testing.assert_array_equal(step.copy_to_host(), want_step)

@@ -81,3 +81,20 @@ def test_64_bit_offsets_on_device():
         for aligned in (True, False):
             got = gather(src, picks.cuda(), backend=backend, aligned=aligned)
             assert torch.equal(got.cpu(), src[picks])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("where", ["pinned", "cuda"])
+def test_vector_unit_and_fallback_paths(where, backend, rng):
+    """16-byte-aligned rows take the vector-unit kernel; an output 4 bytes off takes the scalar one."""
+    src = random_table(rng, 300, 100, torch.float32)  # 400-byte rows
+    src = src.pin_memory() if where == "pinned" else src.cuda()
+    idx = torch.from_numpy(rng.integers(0, 300, 257)).cuda()
+    want = src.cpu()[idx.cpu()]
+    aligned_out = torch.full((257, 100), float("nan"), device="cuda")
+    assert gather(src, idx, out=aligned_out, backend=backend).data_ptr() % 16 == 0
+    assert torch.equal(aligned_out.cpu(), want)
+    buf = torch.full((257 * 100 + 1,), float("nan"), device="cuda")
+    shifted = buf[1:].view(257, 100)  # 4 bytes off a 16-byte boundary
+    gather(src, idx, out=shifted, backend=backend)
+    assert torch.equal(shifted.cpu(), want) and torch.isnan(buf[0]).item()

@@ -88,3 +88,22 @@ def test_launch_rejects_strided_arrays():
     src = np.zeros((4, 4), np.uint32)
     with pytest.raises(ValueError, match="src must be C-contiguous"):
         host_emu.launch(src.T, np.array([0]), np.zeros((1, 4), np.uint32), aligned=True, grid=1)
+
+
+@pytest.mark.parametrize("units", [1, 2, 8, 25, 33, 129])
+def test_uint4_vector_units_match_oracle_and_model(units, rng):
+    """The uint4 specialisation (16-byte vector loads): rows of whole 16-byte units."""
+    buf = rng.integers(0, 256, 128 + 40 * units * 16, dtype=np.uint8)
+    base = (-buf.ctypes.data) % 16
+    for offset in range(base, base + 128, 16):
+        raw = buf[offset:offset + 40 * units * 16].reshape(40, units * 16)
+        src = raw.view(np.complex128)
+        idx = rng.integers(0, 40, 50)
+        for poison in (0xA5, 0x5A):
+            out = np.full((50, units * 16), poison, np.uint8)
+            tid, step = host_emu.launch(src, idx, out.view(np.complex128), aligned=True, grid=3, block=64,
+                                        trace=True)
+            np.testing.assert_array_equal(out, raw[idx])
+        want_tid, want_step = thread_map(idx, units, 16, aligned=True, grid=3, block=64, src_addr=src.ctypes.data)
+        np.testing.assert_array_equal(tid, want_tid)
+        np.testing.assert_array_equal(step, want_step)

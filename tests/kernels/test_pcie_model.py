@@ -67,3 +67,17 @@ def test_thread_map_covers_every_output_once():
     assert (tid >= 0).all() and (step >= 0).all()
     # Rows 0 and 1 land on warps 0 and 1; row 2 wraps to warp 0 again.
     assert set(tid[:37] // 32) == {0} and set(tid[37:74] // 32) == {1} and set(tid[74:] // 32) == {0}
+
+
+def test_16_byte_units_reach_the_minimum_in_a_quarter_of_the_steps(rng):
+    """Vector units: 16-byte-aligned rows still cost exactly the lines they span, and a warp
+    needs ceil(units / 32) steps, a quarter of the 4-byte kernel's for fp32 rows."""
+    for _ in range(600):
+        rb = int(rng.integers(1, 1024 + 1)) * 16
+        off = int(rng.integers(0, 8)) * 16
+        r = count_requests([0, 3, 7], rb, 16, src_addr=off)
+        assert (r.per_row == r.min_lines).all(), (rb, off)
+        _, steps16 = thread_map([0], rb // 16, 16, aligned=True, grid=1, block=32, src_addr=off)
+        _, steps4 = thread_map([0], rb // 4, 4, aligned=True, grid=1, block=32, src_addr=off)
+        assert steps16.max() + 1 == -(-(rb // 16) // 32)
+        assert steps4.max() + 1 == -(-(rb // 4) // 32)
