@@ -78,7 +78,8 @@ def launch(src, idx, out, *, aligned, grid, block=BLOCK, trace=False):
     Parameters
     ----------
     src : numpy.ndarray
-        ``[rows, row_elems]`` C-contiguous table of 1-, 2-, 4- or 8-byte elements.
+        ``[rows, row_elems]`` C-contiguous table of 1-, 2-, 4- or 8-byte elements,
+        or 16-byte units (any 16-byte dtype; runs the ``uint4`` specialisation).
     idx : numpy.ndarray
         1-D int32 or int64 rows to gather (not bounds-checked here).
     out : numpy.ndarray

@@ -74,7 +74,8 @@ def gather_rows(src, idx, out, *, aligned=True, grid=None, block=BLOCK, stream=0
     ----------
     src : device or mapped array
         ``[rows, row_elems]`` C-contiguous (``cuda.mapped_array``, a device array,
-        anything with ``__cuda_array_interface__``).  Elements of 1-8 bytes.
+        anything with ``__cuda_array_interface__``).  Elements of 1-8 bytes, or
+        complex128 as the carrier of 16-byte units (whole-unit rows only).
     idx : device array
         1-D int32/int64, already checked to lie in ``[0, rows)``.
     out : device array
