@@ -204,3 +204,40 @@ def test_torch_team_direct_call_refuses_strided_output(rng):
             cpu.gather_rows(src, np.zeros(4096, np.int64), out)
     finally:
         cpu.set_team(before)
+
+
+_SHARED_TEAM_PROBE = r"""
+import os, torch
+torch.set_num_threads(2)
+t = torch.randn(1 << 20, 64)
+i = torch.randint(0, 1 << 20, (1 << 19,))
+torch.index_select(t, 0, i)  # torch's team exists from here on
+def cpu_ticks():
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        fields = open(f"/proc/self/task/{tid}/stat").read().rsplit(")", 1)[1].split()
+        out[tid] = int(fields[11]) + int(fields[12])
+    return out
+from directload.kernels import cpu, gather
+out = torch.empty(1 << 19, 64)
+gather(t, i, out=out)
+before = cpu_ticks()
+for _ in range(40):
+    gather(t, i, out=out)
+after = cpu_ticks()
+from numba.np.ufunc import parallel
+busy = sorted(tid for tid, ticks in after.items() if ticks > before.get(tid, 0))
+print(cpu.team(), len(busy), all(tid in before for tid in busy), parallel._is_initialized)
+"""
+
+
+@pytest.mark.skipif("torch" not in TEAMS, reason="torch has no OpenMP runtime here")
+def test_torch_team_gathers_run_on_torchs_own_threads():
+    """In a fresh process: 40 parallel gathers keep two threads busy, both of which ran torch's
+    own op before, and Numba's threading layer never starts (no second team of threads)."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", _SHARED_TEAM_PROBE], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["torch", "2", "True", "False"]
