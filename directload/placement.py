@@ -117,22 +117,24 @@ def _int_index(key):
 
 def _getitem(table, key):
     idx = _int_index(key)
-    return (table, idx) if idx is not None and getattr(table, "is_unified", False) else None
+    # x[idx] counts negative indices from the end, as torch's indexing does.
+    return (table, idx, True) if idx is not None and getattr(table, "is_unified", False) else None
 
 
 def _index_select(table, dim, index, *, out=None):
     if out is not None or not getattr(table, "is_unified", False) or dim not in (0, -table.dim()):
         return None
-    return table, index
+    return table, index, False  # torch's index_select rejects negative indices too
 
 
 def _embedding(input, weight, padding_idx=None, max_norm=None, *args, **kwargs):
     if max_norm is not None or not getattr(weight, "is_unified", False):
         return None
-    return weight, input
+    return weight, input, False
 
 
-#: Functions answered by the gather kernel; each maps args to (table, index), or None to decline.
+#: Functions answered by the gather kernel; each maps args to ``(table, index, negative_from_end)``,
+#: or None to decline.
 INDEX_FUNCS = {
     torch.Tensor.__getitem__: _getitem,
     torch.Tensor.index_select: _index_select,

@@ -188,10 +188,20 @@ def _view_on(a, device):
     return a.cuda_view() if device.type == "cuda" else a._host
 
 
-def _gather(table, index):
-    """Indexing of a unified table: the aligned gather kernel, placed by the rules."""
+def _gather(table, index, negative_from_end=False):
+    """Indexing of a unified table: the aligned gather kernel, placed by the rules.
+
+    ``negative_from_end``: ``x[idx]`` semantics, where ``-1`` is the last row.
+    """
     from directload.kernels import gather
 
+    if negative_from_end and index.numel():
+        n_rows = table._host.shape[0]
+        lo = int(index.min())
+        if lo < 0:
+            if lo < -n_rows:
+                raise IndexError(f"index {lo} is out of range for {n_rows} rows")
+            index = torch.where(index < 0, index + n_rows, index)
     device = index_device(table, index, has_cuda=_has_cuda())
     if device.type == "cuda" and not index.is_cuda:
         index = index.to(device, non_blocking=True)

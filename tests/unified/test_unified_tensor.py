@@ -138,3 +138,15 @@ def test_pickling_needs_shared_memory_or_a_file():
 
     with pytest.raises(TypeError, match="shared=True"):
         pickle.dumps(directload.zeros(3))
+
+
+def test_getitem_counts_negative_indices_from_the_end_like_torch(rng):
+    plain = torch.from_numpy(rng.standard_normal((6, 4)).astype(np.float32))
+    x = directload.to_unified(plain, copy=True)
+    for idx in (torch.tensor([-1, 0, -6, 5]), torch.tensor([-2, -2], dtype=torch.int32)):
+        got = x[idx]
+        assert torch.equal(got, plain[idx]) and type(got) is torch.Tensor
+    with pytest.raises(IndexError, match="index -7 is out of range for 6 rows"):
+        x[torch.tensor([0, -7])]
+    with pytest.raises(IndexError, match="negative"):  # index_select rejects them, as torch's does
+        torch.index_select(x, 0, torch.tensor([-1]))
