@@ -148,6 +148,12 @@ class UnifiedTensor(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.Tensor.__getitem__ and len(args) == 2 and type(args[1]) is torch.Tensor:
+            # x[idx], the hot path of a loader: no argument tree to walk.
+            args[0]._check_open()
+            hit = INDEX_FUNCS[func](*args)
+            if hit is not None:
+                return _gather(*hit)
         flat, _ = tree_flatten((args, kwargs))
         unified = [a for a in flat if isinstance(a, UnifiedTensor)]
         for u in unified:
@@ -207,11 +213,12 @@ def _gather(table, index, negative_from_end=False):
         index = index.to(device, non_blocking=True)
     if device.type == "cpu" and index.is_cuda:
         index = index.cpu()
-    shape = index.shape
     # The plain host view, so the kernel's checks do not re-enter __torch_function__;
     # gather reads its pinned state to decide whether a GPU may map it.
+    if index.dim() == 1:
+        return gather(table._host, index)
     out = gather(table._host, index.reshape(-1))
-    return out.reshape(*shape, *table._host.shape[1:])
+    return out.reshape(*index.shape, *table._host.shape[1:])
 
 
 def _write(func, args, kwargs):
