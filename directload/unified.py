@@ -156,9 +156,9 @@ class UnifiedTensor(torch.Tensor):
                 return _gather(*hit)
         flat, _ = tree_flatten((args, kwargs))
         unified = [a for a in flat if isinstance(a, UnifiedTensor)]
-        for u in unified:
-            if u._closed and func not in (torch.Tensor.__repr__,):
-                raise ClosedError("this unified tensor was closed; create a new one")
+        if func is not torch.Tensor.__repr__:
+            for u in unified:
+                u._check_open()
         if func in METADATA_FUNCS or getattr(func, "__name__", "") == "__get__":
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)

@@ -262,19 +262,31 @@ def _gather_cpu_fast(src, index, out, aligned):
     src_hit = _cached_bits(src)
     if src_hit is None or n == 0:
         return None
-    src_bits, src_addr = src_hit
     if out is None:
-        shape = (n, *src.shape[1:])
-        if n * src_bits.shape[1] * src_bits.itemsize >= POOL_BYTES:
-            out = default_pool().empty(shape, src.dtype)
-        else:
-            out = torch.empty(shape, dtype=src.dtype)
-        out_bits, out_addr = _bits(out, n).numpy(), out.data_ptr()
+        out = _new_cpu_out((n, *src.shape[1:]), src.dtype)
+        out_hit = _fresh_bits(out)
     else:
         out_hit = _cached_bits(out)
         if out_hit is None or out.dtype != src.dtype or out.shape[0] != n or out.shape[1:] != src.shape[1:]:
             return None
-        out_bits, out_addr = out_hit
+    return _cpu_kernel(src_hit, index, out, out_hit, aligned)
+
+
+def _new_cpu_out(shape, dtype):
+    """A new CPU output: from the recycling pool from ``POOL_BYTES`` on, else ``torch.empty``."""
+    if nbytes_of(shape, dtype) >= POOL_BYTES:
+        return default_pool().empty(shape, dtype)
+    return torch.empty(shape, dtype=dtype)
+
+
+def _fresh_bits(t):
+    """``(bits, address)`` of a tensor made for this call: nothing to cache."""
+    return _bits(t, t.shape[0]).numpy(), t.data_ptr()
+
+
+def _cpu_kernel(src_hit, index, out, out_hit, aligned):
+    """Run the CPU kernel over ``(bits, address)`` views; ``IndexError`` (nothing written) if out of range."""
+    (src_bits, src_addr), (out_bits, out_addr) = src_hit, out_hit
     bad = gather_rows(src_bits, index, out_bits, aligned=aligned, addresses=(src_addr, index.data_ptr(), out_addr))
     if bad >= 0:
         raise _range_error(int(index[bad]), src_bits.shape[0], bad)
@@ -296,8 +308,8 @@ def _plan(src, index, out, backend, *, cpu_bounds):
         name = resolve_backend(backend, False, "cuda" if src.is_cuda else "host", has_cupy=False,
                                has_numba_cuda=False)
     if out is None:
-        if name == "cpu" and nbytes_of(shape, src.dtype) >= POOL_BYTES:
-            out = default_pool().empty(shape, src.dtype)
+        if name == "cpu":
+            out = _new_cpu_out(shape, src.dtype)
         else:
             out = torch.empty(shape, dtype=src.dtype, device=index.device)
     else:
@@ -306,16 +318,8 @@ def _plan(src, index, out, backend, *, cpu_bounds):
 
 
 def _run_cpu(src, index, out, aligned, fresh_out):
-    """The CPU kernel; raises ``IndexError`` (nothing written) for an index out of range."""
-    src_bits, src_addr = _host_bits(src)
-    if fresh_out:
-        out_bits, out_addr = _bits(out, out.shape[0]).numpy(), out.data_ptr()
-    else:
-        out_bits, out_addr = _host_bits(out)
-    bad = gather_rows(src_bits, index, out_bits, aligned=aligned, addresses=(src_addr, index.data_ptr(), out_addr))
-    if bad >= 0:
-        raise _range_error(int(index[bad]), src.shape[0], bad)
-    return out
+    """The CPU kernel after the general checks; a caller's ``out`` gets a cached view, a fresh one not."""
+    return _cpu_kernel(_host_bits(src), index, out, _fresh_bits(out) if fresh_out else _host_bits(out), aligned)
 
 
 def gather_async(src, index, *, out=None, backend="auto", aligned=True, background=False):

@@ -243,15 +243,15 @@ def _team_body(data):
     flags[part] = lo + bad if bad >= 0 else -1
     _call_void(a[_BARRIER])  # every part checked before any part writes
     first = -1
-    for p in range(parts):
+    for p in range(parts):  # parts cover the index in order: the first flagged one holds the first bad index
         if flags[p] >= 0:
-            first = flags[p] if first < 0 else min(first, flags[p])
+            first = flags[p]
+            break
     if part == 0:
         a[_RESULT] = first
     if first >= 0:
         return
     if ALIGNED:
-        lo, hi = _share(a[_N], part, parts)
         _aligned_rows(src, idx, out, lo, hi)
     else:
         lo, hi = _share(a[_N] * a[_ROW_ELEMS], part, parts)
@@ -293,7 +293,7 @@ class _TorchOpenMP:
         return block, self.blocks.address
 
 
-@functools.lru_cache(maxsize=1)
+@functools.cache
 def _torch_openmp():
     """Torch's loaded OpenMP runtime, or None (then the Numba team runs the kernels)."""
     if "OpenMP" not in torch.__config__.parallel_info().rsplit("ATen parallel backend:", 1)[-1]:
