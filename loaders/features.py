@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from directload.kernels import gather_async
+from directload.kernels import gather, gather_async
 
 __all__ = ["FeatureSpec", "resolve_features", "fetch_batch"]
 
@@ -96,10 +96,12 @@ def _start(table, ids, device):
     if device.type == "cuda" and (table.is_cuda or table.is_pinned()):
         fut = gather_async(table, ids.to(device, non_blocking=True))
         return fut.wait
-    fut = gather_async(table, ids.cpu())
+    # A CPU gather would run in wait() on this thread anyway; gather() checks the
+    # index in the kernel's own pass instead of a separate one first.
+    rows = gather(table, ids.cpu())
     if device.type == "cuda":
-        return lambda: fut.wait().to(device, non_blocking=True)
-    return fut.wait
+        return lambda: rows.to(device, non_blocking=True)
+    return lambda: rows
 
 
 def fetch_batch(spec, batch, device, stats):

@@ -210,7 +210,6 @@ class Pipeline:
         _live.discard(self)
 
 
-
 class Epoch:
     """The iterator a :class:`~directload.loaders.DataLoader` gives for one epoch.
 
