@@ -112,11 +112,12 @@ class NumbaMappedRuntime(HostRuntime):
         self._blocks = {}
 
     def host_alloc(self, nbytes):
-        import numpy as np
         from numba import cuda
 
+        from directload.kernels.numba_cuda import array_address
+
         arr = cuda.mapped_array(nbytes, dtype=np.uint8)
-        ptr = _mapped_address(arr)
+        ptr = array_address(arr)
         self._blocks[ptr] = arr
         return ptr
 
@@ -135,13 +136,6 @@ class NumbaMappedRuntime(HostRuntime):
 
     def host_unregister(self, ptr):
         raise NotImplementedError("registering existing memory needs CuPy's CUDA runtime")
-
-
-def _mapped_address(arr):
-    iface = getattr(arr, "__cuda_array_interface__", None)
-    if iface is not None:
-        return iface["data"][0]
-    return getattr(arr, "_ary", arr).ctypes.data  # the simulator wraps a numpy array
 
 
 @dataclass(eq=False)
@@ -214,10 +208,14 @@ class PinnedPool:
         size = self.block_size(nbytes)
         with self._lock:
             blocks = self._free.get(size)
-            if blocks:
+            ptr = blocks.pop() if blocks else None
+            if ptr is not None:
                 self.stats["reused"] += 1
-                ptr = blocks.pop()
-                return Allocation(ptr, nbytes, "pinned-mapped", _release=lambda: self._give_back(size, ptr))
+        if ptr is None:
+            ptr = self._host_alloc(size)
+        return Allocation(ptr, nbytes, "pinned-mapped", _release=lambda: self._give_back(size, ptr))
+
+    def _host_alloc(self, size):
         try:
             ptr = self._rt.host_alloc(size)
         except Exception as exc:  # the runtime's own error type; re-raised with the cause attached
@@ -227,7 +225,7 @@ class PinnedPool:
             except Exception:
                 raise PinError(f"cudaHostAlloc failed ({exc}): {_limits_hint(size)}") from exc
         self.stats["host_alloc"] += 1
-        return Allocation(ptr, nbytes, "pinned-mapped", _release=lambda: self._give_back(size, ptr))
+        return ptr
 
     def _give_back(self, size, ptr):
         with self._lock:
@@ -261,20 +259,19 @@ def register(ptr, nbytes, owner, rt, *, read_only=False, chunk=REGISTER_CHUNK):
         A chunk failed; the chunks already registered are unregistered first.
     """
     done = []
-    try:
-        for start in range(0, nbytes, chunk):
-            rt.host_register(ptr + start, min(chunk, nbytes - start), read_only)
-            done.append(ptr + start)
-    except Exception as exc:  # the runtime's own error type; re-raised with the cause attached
-        for p in done:
-            rt.host_unregister(p)
-        raise PinError(f"cudaHostRegister failed at byte {len(done) * chunk} of {nbytes} ({exc}): "
-                       f"{_limits_hint(nbytes)}") from exc
 
     def unregister():
         for p in done:
             rt.host_unregister(p)
 
+    try:
+        for start in range(0, nbytes, chunk):
+            rt.host_register(ptr + start, min(chunk, nbytes - start), read_only)
+            done.append(ptr + start)
+    except Exception as exc:  # the runtime's own error type; re-raised with the cause attached
+        unregister()
+        raise PinError(f"cudaHostRegister failed at byte {len(done) * chunk} of {nbytes} ({exc}): "
+                       f"{_limits_hint(nbytes)}") from exc
     return Allocation(ptr, nbytes, "registered", owner=owner, _release=unregister)
 
 
@@ -377,14 +374,13 @@ def allocate(nbytes, *, pin="require", shared=False):
     rt = runtime() if pin != "never" else None
     if shared:
         t = torch.empty(max(nbytes, 1), dtype=torch.uint8).share_memory_()
-        alloc = Allocation(t.data_ptr(), nbytes, "host", owner=t)
         if rt is not None:
             try:
                 return register(t.data_ptr(), max(nbytes, 1), t, rt)
             except PinError:
                 if pin == "require":
                     raise
-        return alloc
+        return Allocation(t.data_ptr(), nbytes, "host", owner=t)
     if rt is not None:
         try:
             return pool().allocate(max(nbytes, 1))
