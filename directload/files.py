@@ -86,7 +86,8 @@ def from_file(path, dtype=None, shape=None, *, offset=0, mode="r", affinity="cud
         raise ValueError(f"mode must be 'r' or 'r+', got {mode!r}")
     if not os.path.exists(path):
         raise FileNotFoundError(path)
-    if path.endswith(".npy") and dtype is None:
+    from_header = path.endswith(".npy") and dtype is None
+    if from_header:
         np_dtype, shape, data_offset = npy_layout(path)
     else:
         if dtype is None or shape is None:
@@ -100,7 +101,7 @@ def from_file(path, dtype=None, shape=None, *, offset=0, mode="r", affinity="cud
         # instead of faulting on a read-only mapping; the unified tensor still refuses writes.
         array = np.memmap(path, dtype=np_dtype, mode="c" if mode == "r" else mode, offset=data_offset, shape=shape)
     out = to_unified(array, affinity, pin=pin, read_only=mode == "r")
-    out._origin = ("file", {"path": path, "dtype": None if path.endswith(".npy") and dtype is None else np_dtype.str,
+    out._origin = ("file", {"path": path, "dtype": None if from_header else np_dtype.str,
                             "shape": None if dtype is None else shape, "offset": offset, "mode": mode, "pin": pin})
     return out
 
