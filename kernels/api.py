@@ -17,7 +17,8 @@ from directload.memory import nbytes_of
 from .cpu import first_invalid, gather_rows
 from .host_pool import default_pool
 
-__all__ = ["gather", "gather_async", "GatherFuture", "resolve_backend", "check_devices", "BACKENDS"]
+__all__ = ["gather", "gather_async", "GatherFuture", "resolve_backend", "check_devices", "check_no_overlap",
+           "BACKENDS"]
 
 BACKENDS = ("auto", "cpu", "numba_cuda", "cupy")
 _GPU_BACKENDS = ("numba_cuda", "cupy")
@@ -116,6 +117,8 @@ def _check_index(index, n_rows, *, cpu_bounds=True):
 
 def _range_error(value, n_rows, position=None):
     where = "" if position is None else f" (at position {position})"
+    if n_rows == 0:
+        return IndexError(f"index {value} is out of range: the table has no rows{where}")
     if value < 0:
         return IndexError(f"index {value} is negative; valid rows are 0..{n_rows - 1}{where}")
     return IndexError(f"index {value} is out of range for {n_rows} rows (valid 0..{n_rows - 1}){where}")
@@ -154,6 +157,33 @@ def _check_out(out, shape, src, on_cuda, device):
         raise ValueError(f"out is on {out.device}, expected {device if on_cuda else 'cpu'}")
     if not out.is_contiguous():
         raise ValueError("out must be contiguous")
+
+
+def _span(t):
+    """``[first, end)`` byte addresses of a contiguous tensor (empty for no elements)."""
+    start = t.data_ptr()
+    return start, start + t.numel() * t.element_size()
+
+
+def _overlap(a, b):
+    """Whether two byte ranges ``[first, end)`` share a byte."""
+    return a[0] < b[1] and b[0] < a[1] and a[0] != a[1] and b[0] != b[1]
+
+
+def check_no_overlap(out, src, index):
+    """Raise ``ValueError`` when ``out`` shares memory with ``src`` or ``index``.
+
+    The kernel would read what it has just written: rows of ``src`` already
+    overwritten (wrong rows, silently), or index values overwritten mid-gather
+    (wild reads).  torch refuses ``index_select(..., out=)`` on overlapping
+    memory for the same reason.  Addresses are compared as they are: with
+    unified addressing a mapped host table and its CUDA view share them.
+    """
+    span = _span(out)
+    for name, other in (("src", src), ("index", index)):
+        if _overlap(span, _span(other)):
+            raise ValueError(f"out shares memory with {name}: a gather cannot write where it reads; "
+                             "pass a separate out (or clone() the input first)")
 
 
 @dataclass
@@ -240,8 +270,8 @@ def _cached_bits(t):
 
 
 def _bits(t, rows):
-    """The tensor's bits as a 2-D carrier-dtype view ``[rows, row_elems]``."""
-    return t.view(_CARRIER[t.element_size()]).reshape(rows, -1)
+    """The tensor's bits as a 2-D carrier-dtype view ``[rows, row_elems]`` (also for 0 rows)."""
+    return t.view(_CARRIER[t.element_size()]).reshape(rows, math.prod(t.shape[1:]))
 
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -269,6 +299,10 @@ def _gather_cpu_fast(src, index, out, aligned):
         out_hit = _cached_bits(out)
         if out_hit is None or out.dtype != src.dtype or out.shape[0] != n or out.shape[1:] != src.shape[1:]:
             return None
+        out_span = (out_hit[1], out_hit[1] + out_hit[0].nbytes)
+        if (_overlap(out_span, (src_hit[1], src_hit[1] + src_hit[0].nbytes))
+                or _overlap(out_span, _span(index))):
+            return None  # the general path raises
     return _cpu_kernel(src_hit, index, out, out_hit, aligned)
 
 
@@ -314,6 +348,7 @@ def _plan(src, index, out, backend, *, cpu_bounds):
             out = torch.empty(shape, dtype=src.dtype, device=index.device)
     else:
         _check_out(out, shape, src, index.is_cuda, index.device)
+        check_no_overlap(out, src, index)
     return name, index, out
 
 
@@ -332,7 +367,7 @@ def gather_async(src, index, *, out=None, backend="auto", aligned=True, backgrou
     """
     fresh = out is None
     name, index, out = _plan(src, index, out, backend, cpu_bounds=True)
-    if out.numel() == 0:
+    if out.numel() == 0:  # the index was range-checked in _plan
         return GatherFuture(None, out)
     if name == "cpu":
         work = functools.partial(_run_cpu, src, index, out, aligned, fresh)
@@ -359,7 +394,7 @@ def vector_units(row_bytes, src_addr, out_addr):
 def _gpu_bits(t, rows, vector):
     """``_bits(t)``, or with ``vector`` a view in 16-byte units (complex128 only carries the bits)."""
     if vector:
-        return t.view(torch.uint8).reshape(rows, -1).view(torch.complex128)
+        return t.view(torch.uint8).reshape(rows, t.element_size() * math.prod(t.shape[1:])).view(torch.complex128)
     return _bits(t, rows)
 
 
@@ -444,8 +479,9 @@ def gather(src, index, *, out=None, backend="auto", aligned=True):
         Index dtype is not int32/int64 (float, bool, ...), or element size is not
         1, 2, 4 or 8 bytes, or ``out`` has the wrong dtype.
     ValueError
-        Index is not 1-D, devices do not match, ``src``/``out`` not contiguous or
-        ``out`` has the wrong shape.
+        Index is not 1-D, devices do not match, ``src``/``out`` not contiguous,
+        ``out`` has the wrong shape, or ``out`` shares memory with ``src`` or
+        ``index``.
 
     Examples
     --------
@@ -465,6 +501,8 @@ def gather(src, index, *, out=None, backend="auto", aligned=True):
     # The CPU kernel checks the index range itself, before it writes: one pass over the index.
     name, index, out = _plan(src, index, out, backend, cpu_bounds=False)
     if out.numel() == 0:
+        if not index.is_cuda and index.numel():  # zero-width rows: nothing to copy, but the ids must exist
+            _check_index(index, src.shape[0])
         return out
     if name == "cpu":
         return _run_cpu(src, index, out, aligned, fresh)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from directload.kernels import gather, resolve_backend
+from directload.kernels import gather, gather_async, resolve_backend
 from directload.kernels.api import check_devices
 
 
@@ -114,3 +114,63 @@ def test_16_byte_unit_view_carries_the_same_bits():
     assert v.dtype == torch.complex128 and v.shape == (10, 3) and v.data_ptr() == t.data_ptr()
     assert torch.equal(v.view(torch.uint8), t.view(torch.uint8).reshape(10, 48))
     assert _gpu_bits(t, 10, False).dtype == torch.int32
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["first-call", "cached-views"])
+def test_out_overlapping_index_raises_before_any_write(warm):
+    # Outside testers' crash: out over the index's memory overwrote the index mid-gather.
+    src = torch.arange(300, dtype=torch.int64).reshape(300, 1)
+    buf = torch.zeros(200, dtype=torch.int64)
+    out = buf[1:65].view(64, 1)
+    if warm:  # src and out seen before: the cached fast path must check too
+        gather(src, torch.arange(64), out=out)
+    buf[:64] = torch.arange(64) + 7
+    before = buf.clone()
+    with pytest.raises(ValueError, match="out shares memory with index"):
+        gather(src, buf[:64], out=out)
+    assert torch.equal(buf, before)
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["first-call", "cached-views"])
+def test_out_overlapping_src_raises(warm):
+    src = torch.randn(10, 3)
+    out = src[:2]
+    if warm:  # both seen before, so the cached fast path is taken
+        gather(src, torch.tensor([0, 1]))
+        gather(torch.randn(5, 3), torch.tensor([0, 1]), out=out)
+    before = src.clone()
+    with pytest.raises(ValueError, match="out shares memory with src"):
+        gather(src, torch.tensor([3, 4]), out=out)
+    with pytest.raises(ValueError, match="out shares memory with src"):
+        gather(src[:2], torch.tensor([1, 0]), out=src[:2])  # out is src
+    assert torch.equal(src, before)
+
+
+def test_out_overlap_is_checked_for_async_gathers():
+    src = torch.randn(10, 3)
+    with pytest.raises(ValueError, match="out shares memory with src"):
+        gather_async(src, torch.tensor([1]), out=src[9:])
+
+
+def test_adjacent_buffers_do_not_count_as_overlap():
+    buf = torch.zeros(20, 3)
+    src, out = buf[:10], buf[10:12]
+    src.copy_(torch.randn(10, 3))
+    gather(src, torch.tensor([9, 0]), out=out)
+    assert torch.equal(out, src[[9, 0]])
+
+
+def test_gather_from_a_table_without_rows_raises_index_error():
+    with pytest.raises(IndexError, match="index 0 is out of range: the table has no rows"):
+        gather(torch.empty(0, 5), torch.tensor([0]))
+    assert gather(torch.empty(0, 5), torch.tensor([], dtype=torch.int64)).shape == (0, 5)
+
+
+@pytest.mark.parametrize("run", [gather, lambda s, i: gather_async(s, i).wait()], ids=["gather", "gather_async"])
+def test_zero_width_rows_still_range_check(run):
+    src = torch.empty(10, 0)
+    assert run(src, torch.tensor([9, 0])).shape == (2, 0)
+    with pytest.raises(IndexError, match="index 10 is out of range for 10 rows"):
+        run(src, torch.tensor([0, 10]))
+    with pytest.raises(IndexError, match="negative"):
+        run(src, torch.tensor([-1]))
