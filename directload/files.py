@@ -1,11 +1,12 @@
 """Feature tables in files: raw or ``.npy``, memory-mapped and registered as unified tensors."""
 
 import os
+import weakref
 
 import numpy as np
 import torch
 
-__all__ = ["CorruptFileError", "from_file", "npy_layout"]
+__all__ = ["CorruptFileError", "FileWatch", "from_file", "npy_layout"]
 
 
 class CorruptFileError(ValueError):
@@ -21,15 +22,18 @@ def npy_layout(path):
         Bad magic or header, Fortran order, object dtype, or a file shorter (or
         longer) than its header says.
     """
-    size = os.path.getsize(path)
     with open(path, "rb") as f:
-        try:
-            version = np.lib.format.read_magic(f)
-            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            shape, fortran, dtype = read(f)
-        except ValueError as exc:
-            raise CorruptFileError(f"{path}: not a valid .npy file ({exc})") from exc
-        offset = f.tell()
+        return _npy_layout(f, os.fstat(f.fileno()).st_size, path)
+
+
+def _npy_layout(f, size, path):
+    try:
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read(f)
+    except ValueError as exc:
+        raise CorruptFileError(f"{path}: not a valid .npy file ({exc})") from exc
+    offset = f.tell()
     if fortran and len(shape) > 1:
         raise CorruptFileError(f"{path}: Fortran-ordered arrays cannot be gathered by row; save it C-ordered")
     if dtype.hasobject:
@@ -39,6 +43,32 @@ def npy_layout(path):
         kind = "truncated" if size < want else "longer than its header says"
         raise CorruptFileError(f"{path}: {kind}: header promises {want} bytes, file has {size}")
     return dtype, tuple(shape), offset
+
+
+class FileWatch:
+    """Notices a mapped file changing size under its mapping.
+
+    A page of a mapping past the end of a truncated file raises SIGBUS when
+    read, which kills the process (``numpy.memmap`` has the same limit), so a
+    unified tensor over a file calls :meth:`check` (one ``fstat`` of the mapped
+    file itself, about a microsecond) before each gather.  The file can still
+    shrink between the check and the read; nothing in user space can close that
+    window, so do not truncate a file that is mapped.
+    """
+
+    def __init__(self, f, path, size):
+        self.path = path
+        self.size = size
+        self._fd = os.dup(f.fileno())
+        self._finalizer = weakref.finalize(self, os.close, self._fd)
+
+    def check(self):
+        """Raise :class:`CorruptFileError` if the file's size differs from when it was mapped."""
+        now = os.fstat(self._fd).st_size
+        if now != self.size:
+            raise CorruptFileError(f"{self.path}: the file changed size after it was mapped ({self.size} -> {now} "
+                                   "bytes); reading it now could crash the process with SIGBUS.  Map it again "
+                                   "with directload.from_file once it is complete")
 
 
 def from_file(path, dtype=None, shape=None, *, offset=0, mode="r", affinity="cuda", pin="require"):
@@ -61,6 +91,16 @@ def from_file(path, dtype=None, shape=None, *, offset=0, mode="r", affinity="cud
         (read-only registration for ``mode="r"``); the pages stay in the page
         cache, shared with every process that maps the file.
 
+    Notes
+    -----
+    A mapped file must not be truncated while it is mapped: reading a page
+    past its new end raises SIGBUS, which kills the process (as with
+    ``numpy.memmap``).  The size is checked when the file is opened and before
+    every gather from the unified tensor (``x[idx]``, ``index_select``,
+    ``F.embedding`` and the loaders), which then raise
+    :class:`CorruptFileError` instead; accesses through ``x.host`` are not
+    checked.
+
     Returns
     -------
     directload.UnifiedTensor
@@ -79,35 +119,44 @@ def from_file(path, dtype=None, shape=None, *, offset=0, mode="r", affinity="cud
     >>> directload.from_file(path).host[2].tolist()
     [4.0, 5.0]
     """
+    from .memory import resolve_pin
     from .unified import to_unified
 
     path = os.fspath(path)
     if mode not in ("r", "r+"):
         raise ValueError(f"mode must be 'r' or 'r+', got {mode!r}")
+    pin = resolve_pin(pin)
     if not os.path.exists(path):
         raise FileNotFoundError(path)
-    from_header = path.endswith(".npy") and dtype is None
-    if from_header:
-        np_dtype, shape, data_offset = npy_layout(path)
-    else:
-        if dtype is None or shape is None:
-            raise ValueError("a raw file needs dtype and shape (or save it as .npy)")
-        np_dtype = np.dtype(torch.empty((), dtype=dtype).numpy().dtype if isinstance(dtype, torch.dtype) else dtype)
-        shape, data_offset = _raw_shape(path, np_dtype, tuple(shape), offset), offset
-    if int(np.prod(shape, dtype=np.int64)) == 0:
-        array = np.empty(shape, np_dtype)
-    else:
-        # "r" maps copy-on-write: a stray write through .host then changes private pages
-        # instead of faulting on a read-only mapping; the unified tensor still refuses writes.
-        array = np.memmap(path, dtype=np_dtype, mode="c" if mode == "r" else mode, offset=data_offset, shape=shape)
+    # Everything below reads the one open file, so a file replaced meanwhile cannot mix layouts.
+    with open(path, "rb" if mode == "r" else "r+b") as f:
+        size = os.fstat(f.fileno()).st_size
+        from_header = path.endswith(".npy") and dtype is None
+        if from_header:
+            np_dtype, shape, data_offset = _npy_layout(f, size, path)
+        else:
+            if dtype is None or shape is None:
+                raise ValueError("a raw file needs dtype and shape (or save it as .npy)")
+            np_dtype = np.dtype(torch.empty((), dtype=dtype).numpy().dtype if isinstance(dtype, torch.dtype)
+                                else dtype)
+            shape, data_offset = _raw_shape(path, size, np_dtype, tuple(shape), offset), offset
+        watch = None
+        if int(np.prod(shape, dtype=np.int64)) == 0:
+            array = np.empty(shape, np_dtype)
+        else:
+            # "r" maps copy-on-write: a stray write through .host then changes private pages
+            # instead of faulting on a read-only mapping; the unified tensor still refuses writes.
+            array = np.memmap(f, dtype=np_dtype, mode="c" if mode == "r" else mode, offset=data_offset, shape=shape)
+            watch = FileWatch(f, path, size)
     out = to_unified(array, affinity, pin=pin, read_only=mode == "r")
+    out._file_watch = watch
     out._origin = ("file", {"path": path, "dtype": None if from_header else np_dtype.str,
                             "shape": None if dtype is None else shape, "offset": offset, "mode": mode, "pin": pin})
     return out
 
 
-def _raw_shape(path, dtype, shape, offset):
-    size = os.path.getsize(path) - offset
+def _raw_shape(path, size, dtype, shape, offset):
+    size -= offset
     if size < 0:
         raise CorruptFileError(f"{path}: offset {offset} is past the end of the file ({size + offset} bytes)")
     if shape.count(-1) > 1:

@@ -27,6 +27,8 @@ __all__ = [
     "host_array",
     "host_view",
     "nbytes_of",
+    "PIN_MODES",
+    "resolve_pin",
 ]
 
 # cudaHostAlloc / cudaHostRegister flags (CUDA Runtime API, "Memory Management").
@@ -41,6 +43,30 @@ HOST_REGISTER_READ_ONLY = 8
 #: addressing each chunk's device pointer is its host pointer, so the chunks
 #: form one contiguous device range.
 REGISTER_CHUNK = 1 << 30
+
+
+#: What ``pin=`` may say: pinned or an error, pinned where possible, never pinned.
+PIN_MODES = ("require", "auto", "never")
+
+
+def resolve_pin(pin):
+    """The pin mode ``pin`` names: one of :data:`PIN_MODES`.  Pure.
+
+    ``True`` means ``"require"`` and ``False`` means ``"never"``; anything else
+    raises, so a typo never silently changes what memory a table gets.
+
+    Examples
+    --------
+    >>> resolve_pin("auto"), resolve_pin(True), resolve_pin(False)
+    ('auto', 'require', 'never')
+    """
+    if pin is True:
+        return "require"
+    if pin is False:
+        return "never"
+    if isinstance(pin, str) and pin in PIN_MODES:
+        return pin
+    raise ValueError(f"pin must be one of {PIN_MODES} (or True for 'require', False for 'never'), got {pin!r}")
 
 
 class PinError(RuntimeError):
@@ -357,10 +383,11 @@ def allocate(nbytes, *, pin="require", shared=False):
     Parameters
     ----------
     nbytes : int
-    pin : {"require", "auto", "never"}
-        With CUDA, ``"require"`` raises :class:`PinError` when pinning fails and
-        ``"auto"`` falls back to ordinary memory; without CUDA both give
-        ordinary memory (there is nothing to pin for).
+    pin : {"require", "auto", "never"} or bool
+        With CUDA, ``"require"`` (or ``True``) raises :class:`PinError` when
+        pinning fails, ``"auto"`` falls back to ordinary memory and ``"never"``
+        (or ``False``) does not pin; without CUDA every mode gives ordinary
+        memory (there is nothing to pin for).  See :func:`resolve_pin`.
     shared : bool
         Shared memory (``/dev/shm``), so ``torch.multiprocessing`` workers map
         the same pages; registered with CUDA where CUDA is usable.
@@ -371,6 +398,7 @@ def allocate(nbytes, *, pin="require", shared=False):
     """
     import torch
 
+    pin = resolve_pin(pin)
     rt = runtime() if pin != "never" else None
     if shared:
         t = torch.empty(max(nbytes, 1), dtype=torch.uint8).share_memory_()

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 __all__ = ["AFFINITIES", "describe", "place", "compute_device", "index_device", "INDEX_FUNCS", "WRITE_FUNCS",
-           "METADATA_FUNCS", "HOST_FUNCS", "write_target"]
+           "METADATA_FUNCS", "HOST_FUNCS", "REFUSED_FUNCS", "write_target", "mutated_operands"]
 
 AFFINITIES = ("cuda", "host")
 
@@ -164,3 +164,50 @@ def write_target(func, args, kwargs):
         return dst, value, key
     dst, value = args[0], args[1] if len(args) > 1 else kwargs["src"]
     return dst, value, None
+
+
+#: Ops that would swap or reallocate a tensor's memory; a unified tensor's bytes are fixed.
+REFUSED_FUNCS = {
+    torch.Tensor.set_: "set_()",
+    torch.Tensor.resize_: "resize_()",
+    torch.Tensor.resize_as_: "resize_as_()",
+    torch._C.TensorBase.data.__set__: "assigning .data",
+}
+
+#: In-place operator methods (``x += y`` usually arrives as ``add_``, but not always).
+_INPLACE_DUNDERS = frozenset({
+    "__iadd__", "__isub__", "__imul__", "__imatmul__", "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__",
+    "__ilshift__", "__irshift__", "__iand__", "__ior__", "__ixor__", "__setitem__",
+})
+
+#: Names ending in ``_`` that change no element.
+_NOT_WRITES = frozenset({"requires_grad_", "detach_", "retain_grad", "share_memory_", "pin_memory_"})
+
+
+def mutated_operands(func, args, kwargs):
+    """The operands ``func(*args, **kwargs)`` writes to, by torch's naming rules.  Pure.
+
+    In-place methods and functions end in ``_`` (``add_``, ``index_put_``,
+    ``torch.nn.init.zeros_``, which calls ``zero_``) and write their first
+    argument; in-place operators (``__iadd__``) and ``__setitem__`` write
+    ``self``; any op writes its ``out=`` tensors.
+
+    Examples
+    --------
+    >>> import torch
+    >>> x, y = torch.zeros(2), torch.ones(2)
+    >>> [t is x for t in mutated_operands(torch.Tensor.add_, (x, y), {})]
+    [True]
+    >>> mutated_operands(torch.add, (y, y), {"out": x})[0] is x, mutated_operands(torch.add, (x, y), {})
+    (True, [])
+    """
+    out = kwargs.get("out") if kwargs else None
+    targets = [] if out is None else list(out) if isinstance(out, (tuple, list)) else [out]
+    name = getattr(func, "__name__", "")
+    writes_first = name in _INPLACE_DUNDERS or (
+        name.endswith("_") and not name.startswith("__") and name not in _NOT_WRITES)
+    if writes_first:
+        # torch.nn.init passes its tensor by keyword through handle_torch_function.
+        first = args[0] if args else next((kwargs[k] for k in ("self", "input", "tensor") if k in kwargs), None)
+        targets.extend(first if isinstance(first, (tuple, list)) else [first])  # _foreach_*_ take lists
+    return [t for t in targets if t is not None]

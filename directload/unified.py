@@ -12,9 +12,11 @@ from .placement import (
     HOST_FUNCS,
     INDEX_FUNCS,
     METADATA_FUNCS,
+    REFUSED_FUNCS,
     WRITE_FUNCS,
     compute_device,
     index_device,
+    mutated_operands,
     write_target,
 )
 
@@ -37,16 +39,38 @@ class UnifiedTensor(torch.Tensor):
     is_unified = True
 
     @staticmethod
-    def _wrap(host, alloc, affinity, read_only=False, origin=None):
+    def _wrap(host, alloc, affinity, read_only=False, origin=None, file_watch=None):
         t = torch.Tensor._make_subclass(UnifiedTensor, host, False)
         t._host = host
         t._alloc = alloc
         t._affinity = affinity
         t._read_only = read_only
         t._origin = origin  # how to rebuild in another process (shared memory or a file)
+        t._file_watch = file_watch  # a mapped file's size check (directload.files), or None
         t._closed = False
         t._cuda = None
         return t
+
+    def _live_host(self):
+        """The host view, or :class:`ClosedError`: read once, so a ``close()`` on another
+        thread cannot turn it into ``None`` between a check and its use."""
+        host = self._host
+        if host is None:
+            raise ClosedError("this unified tensor was closed; create a new one")
+        return host
+
+    def check_backing(self):
+        """Raise if the memory behind this tensor is gone or has changed under it.
+
+        :class:`ClosedError` after :meth:`close`; for a table mapped from a file,
+        :class:`directload.CorruptFileError` when the file's size changed since it
+        was mapped (reading a page past a truncated end kills the process with
+        SIGBUS, so gathers check this first; one ``fstat``).
+        """
+        host = self._live_host()
+        if self._file_watch is not None:
+            self._file_watch.check()
+        return host
 
     # -- properties -----------------------------------------------------------------
     @property
@@ -66,10 +90,21 @@ class UnifiedTensor(torch.Tensor):
         return self._alloc
 
     @property
+    def read_only(self):
+        """Whether writes and in-place ops raise ``PermissionError``."""
+        return self._read_only
+
+    @property
     def host(self):
-        """A plain CPU tensor over the same bytes (zero-copy; keeps the memory alive)."""
-        self._check_open()
-        return self._host
+        """A plain CPU tensor over the same bytes (zero-copy; keeps the bytes alive).
+
+        It is an ordinary tensor: nothing checks what is done with it.  Writes
+        to the host view of a read-only table change only this process's
+        copy-on-write pages (for a file) and never the file; a mapped file
+        truncated underneath it raises SIGBUS on access, as with
+        ``numpy.memmap``.  Index the unified tensor itself to get those checks.
+        """
+        return self._live_host()
 
     def cuda_view(self, device=None):
         """A plain CUDA tensor over the same bytes, read zero-copy over PCIe.
@@ -78,18 +113,24 @@ class UnifiedTensor(torch.Tensor):
         It keeps the memory alive.  Raises ``RuntimeError`` without CUDA, or
         when the memory is not pinned.
         """
-        from directload.kernels.interop import cuda_array
+        from directload.kernels.interop import CudaArrayView
 
-        self._check_open()
+        host = self._live_host()
+        alloc = self._alloc
         if not torch.cuda.is_available():
             raise RuntimeError("cuda_view() needs a CUDA device; this machine has none (use .host)")
-        if self._alloc.kind == "host":
+        if alloc.kind == "host":
             raise RuntimeError("this unified tensor is in unpinned memory (pinning failed and pin='auto' "
                                "fell back), so a GPU cannot map it")
+        if host.data_ptr() != alloc.ptr:
+            raise RuntimeError("the memory this unified tensor registered has moved: the tensor it was made "
+                               "from was resized (resize_) and reallocated.  Its host view still reads the "
+                               "new bytes; call to_unified() again to map them for the GPU")
         device = torch.device(device or "cuda")
         if self._cuda is None or self._cuda.device != device:
+            nbytes = host.numel() * host.element_size()
             with torch.cuda.device(device):
-                flat = torch.as_tensor(cuda_array(self._host.view(torch.uint8).reshape(-1)), device=device)
+                flat = torch.as_tensor(CudaArrayView(alloc.ptr, (nbytes,), 1, (host, alloc)), device=device)
             self._cuda = flat.view(self.dtype).view(self.shape)
         return self._cuda
 
@@ -97,7 +138,8 @@ class UnifiedTensor(torch.Tensor):
         """The same bytes with another affinity (a view; no data moves)."""
         self._check_open()
         _check_affinity(affinity)
-        return UnifiedTensor._wrap(self._host, self._alloc, affinity, self._read_only, self._origin)
+        return UnifiedTensor._wrap(self._live_host(), self._alloc, affinity, self._read_only, self._origin,
+                                   self._file_watch)
 
     @property
     def compute_device(self):
@@ -119,6 +161,12 @@ class UnifiedTensor(torch.Tensor):
             torch.Tensor.set_(self, torch.empty(0, dtype=self.dtype))
         self._host = self._cuda = None
         self._alloc = _Closed(self._alloc.kind)
+
+    def set_(self, *args, **kwargs):
+        """Refused: a unified tensor's bytes are fixed (torch does not route ``set_`` through
+        ``__torch_function__``, so it is overridden here)."""
+        raise TypeError("set_() would swap the memory of a unified tensor, whose bytes are fixed (registered or "
+                        "mapped); make a new one instead, or close() this one")
 
     def __enter__(self):
         return self
@@ -150,7 +198,6 @@ class UnifiedTensor(torch.Tensor):
         kwargs = kwargs or {}
         if func is torch.Tensor.__getitem__ and len(args) == 2 and type(args[1]) is torch.Tensor:
             # x[idx], the hot path of a loader: no argument tree to walk.
-            args[0]._check_open()
             hit = INDEX_FUNCS[func](*args)
             if hit is not None:
                 return _gather(*hit)
@@ -159,6 +206,9 @@ class UnifiedTensor(torch.Tensor):
         if func is not torch.Tensor.__repr__:
             for u in unified:
                 u._check_open()
+        if func in REFUSED_FUNCS and isinstance(args[0] if args else None, UnifiedTensor):
+            raise TypeError(f"{REFUSED_FUNCS[func]} would swap or reallocate the memory of a unified tensor, whose "
+                            "bytes are fixed (registered or mapped); make a new one instead")
         if func in METADATA_FUNCS or getattr(func, "__name__", "") == "__get__":
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
@@ -168,13 +218,30 @@ class UnifiedTensor(torch.Tensor):
                 return _gather(*hit)
         if func in WRITE_FUNCS:
             return _write(func, args, kwargs)
+        read_only = [u for u in unified if u._read_only]
+        for target in mutated_operands(func, args, kwargs):
+            if isinstance(target, UnifiedTensor) and target._read_only:
+                raise PermissionError(_READ_ONLY)
         if func in HOST_FUNCS:
             device = torch.device("cpu")
         else:
             device = compute_device(flat, has_cuda=_has_cuda())
+        versions = [u._live_host()._version for u in read_only]
         args, kwargs = tree_map(lambda a: _view_on(a, device), (args, kwargs))
         with torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+        # Every in-place ATen op bumps the version counter: a safety net behind the
+        # name rules of mutated_operands, so no write to a read-only table goes unnoticed.
+        if any(u._host is not None and u._host._version != v for u, v in zip(read_only, versions)):
+            raise PermissionError(_READ_ONLY + f" ({getattr(func, '__name__', func)} wrote to it; in a "
+                                  "copy-on-write mapping of a file, only this process's pages changed)")
+        if read_only and func in HOST_FUNCS and isinstance(out, np.ndarray):
+            out.flags.writeable = False
+        return out
+
+
+_READ_ONLY = ("this unified tensor is read-only (from_file's default mode='r', or read_only=True): "
+              "open the file with mode='r+' to write to it")
 
 
 def _has_cuda():
@@ -191,7 +258,7 @@ class _Closed:
 def _view_on(a, device):
     if not isinstance(a, UnifiedTensor):
         return a
-    return a.cuda_view() if device.type == "cuda" else a._host
+    return a.cuda_view() if device.type == "cuda" else a._live_host()
 
 
 def _gather(table, index, negative_from_end=False):
@@ -201,8 +268,12 @@ def _gather(table, index, negative_from_end=False):
     """
     from directload.kernels import gather
 
+    # One read of the host view (and of the allocation, which stays referenced for the
+    # whole gather): a close() on another thread cannot pull them out mid-call.
+    host = table.check_backing()
+    alloc = table._alloc  # noqa: F841 (held, not used)
     if negative_from_end and index.numel():
-        n_rows = table._host.shape[0]
+        n_rows = host.shape[0]
         lo = int(index.min())
         if lo < 0:
             if lo < -n_rows:
@@ -216,16 +287,21 @@ def _gather(table, index, negative_from_end=False):
     # The plain host view, so the kernel's checks do not re-enter __torch_function__;
     # gather reads its pinned state to decide whether a GPU may map it.
     if index.dim() == 1:
-        return gather(table._host, index)
-    out = gather(table._host, index.reshape(-1))
-    return out.reshape(*index.shape, *table._host.shape[1:])
+        return gather(host, index)
+    out = gather(host, index.reshape(-1))
+    return out.reshape(*index.shape, *host.shape[1:])
 
 
 def _write(func, args, kwargs):
     dst, value, index = write_target(func, args, kwargs)
-    dst._check_open()
+    if not isinstance(dst, UnifiedTensor):  # a plain tensor written from a unified one: a read of it
+        device = dst.device
+        args, kwargs = tree_map(lambda a: _view_on(a, device), (args, kwargs))
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+    host = dst._live_host()
     if dst._read_only:
-        raise PermissionError("this unified tensor is read-only (opened with mode='r'); open it with mode='r+'")
+        raise PermissionError(_READ_ONLY)
     if index is not None:
         _check_write_index(index, dst.shape[0])
     if isinstance(value, torch.Tensor):
@@ -239,16 +315,23 @@ def _write(func, args, kwargs):
             fits = False
         if not fits:
             raise ValueError(f"cannot write values of shape {tuple(value.shape)} into a region of shape {target}")
+    if isinstance(value, UnifiedTensor):
+        value = value._live_host()
     on_cuda = isinstance(value, torch.Tensor) and value.is_cuda
-    view = dst.cuda_view(value.device) if on_cuda else dst._host
+    view = dst.cuda_view(value.device) if on_cuda else host
     if index is not None:
         index = tree_map(lambda t: t.to(view.device) if isinstance(t, torch.Tensor) else t, index)
     with torch._C.DisableTorchFunctionSubclass():
         if func is torch.Tensor.__setitem__:
             view[index] = value
-            return None
-        view.copy_(value, non_blocking=kwargs.get("non_blocking", False))
-    return dst
+        else:
+            view.copy_(value, non_blocking=kwargs.get("non_blocking", False))
+    if on_cuda:
+        # The host view shares autograd's version counter with the tensor the table was
+        # made from (a write through the CPU view bumps it by itself); a write through
+        # the CUDA view must bump it too, or backward() would use the new values silently.
+        torch.autograd.graph.increment_version(host)
+    return None if func is torch.Tensor.__setitem__ else dst
 
 
 def _to_meta(x):
@@ -291,10 +374,12 @@ def empty(shape, *, dtype=torch.float32, affinity="cuda", pin="require", shared=
     dtype : torch.dtype
     affinity : {"cuda", "host"}
         Where computation on it runs (see :mod:`directload.placement`).
-    pin : {"require", "auto", "never"}
+    pin : {"require", "auto", "never"} or bool
         With CUDA: pinned, mapped memory or :class:`directload.memory.PinError`
-        (``"require"``), or a fallback to ordinary memory (``"auto"``).  Without
-        CUDA the memory is ordinary host memory either way.
+        (``"require"``, or ``True``), a fallback to ordinary memory when
+        pinning fails (``"auto"``), or ordinary memory (``"never"``, or
+        ``False``).  Without CUDA the memory is ordinary host memory in every
+        mode.  Anything else raises ``ValueError``.
     shared : bool
         Put it in shared memory so ``torch.multiprocessing`` workers map it.
 
@@ -310,6 +395,7 @@ def empty(shape, *, dtype=torch.float32, affinity="cuda", pin="require", shared=
     (torch.Size([4, 3]), True)
     """
     _check_affinity(affinity)
+    pin = memory.resolve_pin(pin)
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     alloc = memory.allocate(memory.nbytes_of(shape, dtype), pin=pin, shared=shared)
     origin = ("shared", alloc.owner.view(-1)) if shared else None
@@ -358,11 +444,23 @@ def to_unified(data, affinity="cuda", *, copy=False, pin="require", read_only=No
     affinity : {"cuda", "host"}
     copy : bool
         Copy into a fresh pooled pinned allocation instead of registering.
-    pin : {"require", "auto", "never"}
+    pin : {"require", "auto", "never"} or bool
         See :func:`empty`.
     read_only : bool, optional
-        Refuse writes, and register read-only with CUDA (which never forces a
-        copy of private pages).  Default: whether a numpy ``data`` is read-only.
+        Refuse writes and in-place ops (``PermissionError``), and register
+        read-only with CUDA (which never forces a copy of private pages).
+        Default: whether a numpy ``data`` is read-only.
+
+    Notes
+    -----
+    Without ``copy`` the unified tensor shares ``data``'s memory and holds its
+    storage, so the bytes stay alive whatever happens to ``data`` itself.  It
+    also shares ``data``'s autograd version counter: for a tensor that requires
+    grad, a write through the unified tensor (``x[idx] = v``, ``copy_``, an
+    in-place op) counts as an in-place change of ``data``, and a ``backward()``
+    that needs the old values raises PyTorch's usual "modified by an inplace
+    operation" error instead of silently using the new ones.  Pass
+    ``copy=True`` for an independent table.
 
     Returns
     -------
@@ -385,8 +483,11 @@ def to_unified(data, affinity="cuda", *, copy=False, pin="require", read_only=No
     [[4.0, 5.0], [0.0, 1.0]]
     """
     _check_affinity(affinity)
+    pin = memory.resolve_pin(pin)
     if isinstance(data, UnifiedTensor):
-        return data.with_affinity(affinity)
+        view = data.with_affinity(affinity)
+        view._read_only = data._read_only or bool(read_only)
+        return view
     if isinstance(data, np.ndarray):
         writable = data.flags.writeable if read_only is None else not read_only
         with warnings.catch_warnings():
@@ -398,23 +499,34 @@ def to_unified(data, affinity="cuda", *, copy=False, pin="require", read_only=No
         raise TypeError(f"to_unified takes a torch.Tensor or numpy.ndarray, got {type(data).__name__}")
     if data.is_cuda:
         raise TypeError("data is already in GPU memory; a unified tensor lives in host memory (use .cpu() first)")
+    if data.device.type != "cpu":
+        raise TypeError(f"data is on {data.device}; a unified tensor is made from CPU memory")
     if not data.is_contiguous():
         raise ValueError("data must be contiguous to be registered in place; pass data.contiguous() or copy=True")
     if copy:
         out = empty(tuple(data.shape), dtype=data.dtype, affinity=affinity, pin=pin)
         out._host.copy_(data)
+        out._read_only = not writable
         return out
+    # The host view aliases data's storage itself (and its autograd version counter), not
+    # just its address: if data is later set_() elsewhere the bytes stay alive, if it is
+    # resize_()d the view follows the new bytes, and writes through the unified tensor are
+    # seen by autograd.
+    host = data.detach()
+    if type(host) is not torch.Tensor:
+        host = host.as_subclass(torch.Tensor)
     nbytes = data.numel() * data.element_size()
+    storage = host.untyped_storage()
     rt = memory.runtime() if pin != "never" else None
-    alloc = memory.Allocation(data.data_ptr(), nbytes, "host", owner=data)
+    alloc = memory.Allocation(host.data_ptr(), nbytes, "host", owner=storage)
     if rt is not None and nbytes:
         try:
-            alloc = memory.register(data.data_ptr(), nbytes, data, rt, read_only=not writable)
+            alloc = memory.register(host.data_ptr(), nbytes, storage, rt, read_only=not writable)
         except memory.PinError:
             if pin == "require":
                 raise
-    origin = ("shared", data.reshape(-1).view(torch.uint8)) if data.is_shared() and nbytes else None
-    return _from_allocation(alloc, data.dtype, tuple(data.shape), affinity, writable=writable, origin=origin)
+    origin = ("shared", host.reshape(-1).view(torch.uint8)) if data.is_shared() and nbytes else None
+    return UnifiedTensor._wrap(host, alloc, affinity, read_only=not writable, origin=origin)
 
 
 def is_unified(x):

@@ -136,3 +136,32 @@ def test_resident_memory_flat_over_10000_create_free_cycles(through_pool):
         growth = _rss() - before
     print(f"RSS growth over 10,000 cycles ({'pool' if through_pool else 'host'}): {growth / 2**20:.2f} MiB")
     assert growth < 8 << 20
+
+
+@pytest.mark.parametrize("bad", ["yes", None, 1, "REQUIRE", "", 0.0])
+def test_pin_is_one_closed_set(bad, tmp_path):
+    import numpy as np
+
+    np.save(tmp_path / "t.npy", np.zeros((2, 2), np.float32))
+    for make in (lambda: directload.empty(4, pin=bad), lambda: directload.zeros(4, pin=bad),
+                 lambda: directload.ones(4, pin=bad), lambda: directload.to_unified(torch.zeros(4), pin=bad),
+                 lambda: directload.from_file(tmp_path / "t.npy", pin=bad), lambda: memory.allocate(8, pin=bad)):
+        with pytest.raises(ValueError, match="pin must be one of"):
+            make()
+
+
+def test_pin_values_mean_what_they_say():
+    assert [memory.resolve_pin(p) for p in ("require", "auto", "never", True, False)] == [
+        "require", "auto", "never", "require", "never"]
+    rt = MallocRuntime()
+    with memory.use_runtime(rt):
+        assert directload.zeros(10, pin=False).memory_kind == "host"  # never pins, even with CUDA
+        assert directload.to_unified(torch.zeros(10), pin=False).memory_kind == "host"
+        assert rt.calls == []
+        assert directload.zeros(10, pin=True).memory_kind == "pinned-mapped"
+    with memory.use_runtime(MallocRuntime(fail_alloc=True)):
+        with pytest.raises(directload.PinError):  # True requires pinning: no quiet fallback
+            directload.zeros(10, pin=True)
+    with memory.use_runtime(MallocRuntime(register_cap=0)):
+        with pytest.raises(directload.PinError):
+            directload.to_unified(torch.zeros(10), pin=True)
