@@ -4,7 +4,7 @@ import functools
 import os
 from dataclasses import asdict, dataclass
 
-__all__ = ["Capabilities", "capabilities"]
+__all__ = ["Capabilities", "capabilities", "usable_device", "NoDeviceError"]
 
 
 @dataclass(frozen=True)
@@ -140,3 +140,47 @@ def capabilities():
         cpu_team=cpu.team(),
         host_memory="pinned-mapped" if cuda else "host",
     )
+
+
+class NoDeviceError(RuntimeError):
+    """A device was asked for that this machine does not have (CUDA without a GPU, ``cuda:3`` of two)."""
+
+
+def usable_device(device):
+    """``device`` as a :class:`torch.device` this machine can use, or a clear error.
+
+    ``None`` and ``"auto"`` pick ``cuda`` where a GPU is usable, else ``cpu``.
+    Only CPU and CUDA devices are accepted: the loaders and gathers place data
+    on one of them.
+
+    Raises
+    ------
+    ValueError
+        Not a device name, or a device type other than ``cpu``/``cuda``.
+    NoDeviceError
+        A CUDA device on a machine without one (or an index past the last).
+
+    Examples
+    --------
+    >>> usable_device("cpu")
+    device(type='cpu')
+    """
+    import torch
+
+    if device is None or (isinstance(device, str) and device == "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ValueError(f"not a device: {device!r} (use 'cpu', 'cuda' or 'cuda:N')") from exc
+    if dev.type == "cpu":
+        return dev
+    if dev.type != "cuda":
+        raise ValueError(f"device {dev} is not supported: use 'cpu' or 'cuda'")
+    if not torch.cuda.is_available():
+        raise NoDeviceError(f"device {str(device)!r} was asked for, but this machine has no usable CUDA device "
+                            "(torch.cuda.is_available() is False); use 'cpu'")
+    count = torch.cuda.device_count()
+    if dev.index is not None and dev.index >= count:
+        raise NoDeviceError(f"device {dev} was asked for, but this machine has {count} CUDA device(s)")
+    return torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())

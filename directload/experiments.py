@@ -1,6 +1,7 @@
 """Side-by-side training runs (DGL's loader against directload's): sweep, table, JSON and stacked-bar PNG."""
 
 import json
+import math
 import statistics
 import time
 from dataclasses import asdict
@@ -9,7 +10,10 @@ from pathlib import Path
 from .plotting import pyplot, save_figure
 from .train import TrainConfig, train
 
-__all__ = ["compare", "summarize", "write_report"]
+__all__ = ["compare", "summarize", "write_report", "print_summary", "json_safe"]
+
+#: Epoch-time columns of a summary row, in seconds.
+TIME_KEYS = ("epoch_s", "sample_s", "gather_s", "train_s", "wait_s")
 
 
 def compare(dataset, base, *, models=("sage",), loaders=("dgl", "directload"), seeds=(0,), progress=True):
@@ -39,24 +43,51 @@ def _steady(epochs, key):
     return statistics.median(vals)
 
 
+def _spread(values):
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
 def summarize(rows):
-    """Per (model, loader): median steady-state epoch breakdown and mean accuracies over seeds."""
+    """Per (model, loader): median steady-state epoch breakdown over seeds, and mean accuracies.
+
+    Units: times in seconds, accuracies in percent.  Rows of directload's
+    loader also compare with DGL's on the same seeds: ``epoch_vs_dgl`` is the
+    median of the per-seed ratios of epoch times, with ``epoch_vs_dgl_min``
+    and ``_max`` their range; ``test_acc_vs_dgl_pp`` is the mean per-seed
+    difference of test accuracy, in percentage points.
+    """
     out = []
     keys = sorted({(r["model"], r["loader"]) for r in rows}, key=lambda k: (k[0], k[1] != "dgl"))
     for model, loader in keys:
-        rs = [r for r in rows if r["model"] == model and r["loader"] == loader]
-        row = {"model": model, "loader": loader, "seeds": len(rs)}
-        for key in ("epoch_s", "sample_s", "gather_s", "train_s", "wait_s"):
+        rs = sorted((r for r in rows if r["model"] == model and r["loader"] == loader), key=lambda r: r["seed"])
+        row = {"model": model, "loader": loader, "seeds": len(rs),
+               "steady_epochs": len(rs[0]["epochs"]) - 1 if len(rs[0]["epochs"]) > 1 else 1,
+               "first_epoch_left_out": len(rs[0]["epochs"]) > 1}
+        for key in TIME_KEYS:
             row[key] = statistics.median(_steady(r["epochs"], key) for r in rs)
-        row["valid_acc"] = statistics.mean(r["valid_acc"] for r in rs)
-        row["test_acc"] = statistics.mean(r["test_acc"] for r in rs)
+        row["valid_acc_pct"] = 100 * statistics.mean(r["valid_acc"] for r in rs)
+        row["test_acc_pct"] = 100 * statistics.mean(r["test_acc"] for r in rs)
+        ref = {r["seed"]: r for r in rows if r["model"] == model and r["loader"] == "dgl"}
+        pairs = [(r, ref[r["seed"]]) for r in rs if r["seed"] in ref]
+        if loader != "dgl" and pairs:
+            ratios = _spread([_steady(r["epochs"], "epoch_s") / _steady(d["epochs"], "epoch_s") for r, d in pairs])
+            diffs = [100 * (r["test_acc"] - d["test_acc"]) for r, d in pairs]
+            row.update({"epoch_vs_dgl": ratios["median"], "epoch_vs_dgl_min": ratios["min"],
+                        "epoch_vs_dgl_max": ratios["max"], "test_acc_vs_dgl_pp": statistics.mean(diffs),
+                        "test_acc_vs_dgl_pp_min": min(diffs), "test_acc_vs_dgl_pp_max": max(diffs)})
         out.append(row)
-    for row in out:
-        ref = next((r for r in out if r["model"] == row["model"] and r["loader"] == "dgl"), None)
-        if ref is not None:
-            row["epoch_vs_dgl"] = row["epoch_s"] / ref["epoch_s"]
-            row["test_acc_minus_dgl"] = 100 * (row["test_acc"] - ref["test_acc"])
     return out
+
+
+def json_safe(value):
+    """``value`` with every NaN or infinity replaced by None, so the JSON is standard (``null``)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def write_report(rows, out_dir, name, meta):
@@ -65,27 +96,63 @@ def write_report(rows, out_dir, name, meta):
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(rows)
     path = out_dir / f"{name}.json"
-    path.write_text(json.dumps({"meta": meta, "summary": summary, "runs": rows}, indent=2))
+    path.write_text(json.dumps(json_safe({"meta": meta, "summary": summary, "runs": rows}), indent=2,
+                               allow_nan=False))
     _plot(summary, out_dir / f"{name}.png", meta)
     return path, summary
+
+
+def _fmt(value, spec):
+    return "" if value is None or (isinstance(value, float) and not math.isfinite(value)) else format(value, spec)
+
+
+def print_summary(summary, meta):
+    """The summary as a table with units in its header."""
+    steady = summary[0]["first_epoch_left_out"] if summary else False
+    how = "median over seeds of the median steady epoch (first epoch left out)" if steady else \
+        "median over seeds (one epoch per run, so it includes compile and cold-cache time)"
+    print(f"\n{meta['dataset']}: {meta['nodes']} nodes, {meta['edges']} edges, {meta['feats']} features; "
+          f"{meta['device']}, {meta['torch_threads']} torch threads; {how}")
+    cols = [("model", "model", "s"), ("loader", "loader", "s"), ("seeds", "seeds", "d"),
+            ("epoch_s", "epoch s", ".3f"), ("sample_s", "sample s", ".3f"), ("gather_s", "gather s", ".3f"),
+            ("train_s", "train s", ".3f"), ("wait_s", "wait s", ".3f"), ("valid_acc_pct", "valid acc %", ".2f"),
+            ("test_acc_pct", "test acc %", ".2f")]
+    header = [c[1] for c in cols] + ["epoch vs DGL (min-max)", "test acc vs DGL (pp)"]
+    table = []
+    for r in summary:
+        cells = [_fmt(r.get(k), spec) for k, _, spec in cols]
+        if "epoch_vs_dgl" in r:
+            cells.append(f"{r['epoch_vs_dgl']:.3f} ({r['epoch_vs_dgl_min']:.3f}-{r['epoch_vs_dgl_max']:.3f})")
+            cells.append(f"{r['test_acc_vs_dgl_pp']:+.2f}")
+        else:
+            cells += ["", ""]
+        table.append(cells)
+    widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(header)]
+    print("  ".join(h.rjust(w) for h, w in zip(header, widths)))
+    for row in table:
+        print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
 
 
 def _plot(summary, path, meta):
     plt = pyplot()
     labels = [f"{r['model']}\n{r['loader']}" for r in summary]
     parts = [("sample_s", "sampling"), ("gather_s", "feature gather/copy"), ("train_s", "training")]
-    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(summary)) + 2.5, 4.5))
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.8 * len(summary)) + 1.0, 5.2))
     bottom = [0.0] * len(summary)
     for key, label in parts:
         vals = [r[key] for r in summary]
-        ax.bar(labels, vals, bottom=bottom, label=label)
+        ax.bar(labels, vals, bottom=bottom, label=label, width=0.6)
         bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.scatter(labels, [r["epoch_s"] for r in summary], marker="_", s=900, color="black", zorder=3,
-               label="epoch wall time")
+    epoch = [r["epoch_s"] for r in summary]
+    ax.scatter(labels, epoch, marker="_", s=900, color="black", zorder=3, label="epoch wall time")
     for i, r in enumerate(summary):
-        ax.annotate(f"acc {100 * r['test_acc']:.1f}%", (i, r["epoch_s"]), textcoords="offset points",
-                    xytext=(0, 6), ha="center", fontsize=8)
-    ax.set_ylabel("seconds per epoch (median)")
+        ax.annotate(f"test acc\n{r['test_acc_pct']:.1f}%", (i, r["epoch_s"]), textcoords="offset points",
+                    xytext=(0, 6), ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, 1.3 * max(max(epoch), max(bottom)) if summary else 1)
+    steady = "steady epoch, median over seeds" if summary and summary[0]["first_epoch_left_out"] else \
+        "one epoch, median over seeds"
+    ax.set_ylabel(f"seconds per epoch ({steady})")
     ax.set_title(f"Epoch breakdown: {meta.get('dataset', '')} on {meta.get('device', 'cpu')}")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    # Below the axes, where no bar or label can sit under it.
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4, frameon=False)
     save_figure(fig, path)

@@ -11,7 +11,40 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-__all__ = ["TrainConfig", "EpochStats", "RunResult", "SAGE", "GAT", "build_model", "train", "TimedTable"]
+__all__ = ["TrainConfig", "EpochStats", "RunResult", "SAGE", "GAT", "build_model", "train", "TimedTable",
+           "resolve_depth", "DEFAULT_FANOUTS"]
+
+#: Neighbours sampled per layer, outermost first (DGL's ogbn-products examples).
+DEFAULT_FANOUTS = (15, 10, 5)
+
+
+def resolve_depth(layers=None, fanouts=None):
+    """``(layers, fanouts)`` from what was given: one fanout per layer.  Pure.
+
+    With neither, DGL's 3 layers of 15/10/5; with one, the other follows (extra
+    layers repeat the last default fanout); with both, they must agree, since a
+    model deeper than its blocks silently drops layers.
+
+    Examples
+    --------
+    >>> resolve_depth(), resolve_depth(2), resolve_depth(fanouts=[10, 10]), resolve_depth(4)
+    ((3, (15, 10, 5)), (2, (15, 10)), (2, (10, 10)), (4, (15, 10, 5, 5)))
+    """
+    if fanouts is not None:
+        fanouts = tuple(int(f) for f in fanouts)
+        if not fanouts:
+            raise ValueError("fanouts needs one entry per layer, got none")
+        if any(f < 1 and f != -1 for f in fanouts):
+            raise ValueError(f"each fanout must be >= 1 (or -1 for all neighbours), got {list(fanouts)}")
+        if layers is not None and layers != len(fanouts):
+            raise ValueError(f"{layers} layers but {len(fanouts)} fanouts ({' '.join(map(str, fanouts))}): "
+                             "give one fanout per layer")
+        return len(fanouts), fanouts
+    if layers is None:
+        return len(DEFAULT_FANOUTS), DEFAULT_FANOUTS
+    if layers < 1:
+        raise ValueError(f"layers must be >= 1, got {layers}")
+    return layers, (DEFAULT_FANOUTS + (DEFAULT_FANOUTS[-1],) * layers)[:layers]
 
 
 @dataclass
@@ -38,6 +71,24 @@ class TrainConfig:
     device: str = "cpu"
     num_workers: int = 0
     lookahead: int = 4
+
+    def __post_init__(self):
+        if self.model not in ("sage", "gat"):
+            raise ValueError(f"model must be 'sage' or 'gat', got {self.model!r}")
+        if self.loader not in ("dgl", "directload"):
+            raise ValueError(f"loader must be 'dgl' or 'directload', got {self.loader!r}")
+        self.layers, self.fanouts = resolve_depth(self.layers, self.fanouts)
+        for name in ("hidden", "heads", "batch_size", "eval_batch_size", "epochs", "lookahead"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.model == "gat" and self.hidden < self.heads:
+            raise ValueError(f"GAT splits hidden={self.hidden} over {self.heads} heads: hidden must be >= heads")
 
 
 @dataclass

@@ -1,35 +1,138 @@
-"""The ``directload`` command: datasets and a real (tiny) side-by-side training run."""
+"""The ``directload`` command: datasets, a real (tiny) side-by-side training run, and what a new user sees."""
 
 import json
+import math
 import subprocess
 import sys
 
+import pytest
+
+from directload.cli import build_parser, main, report_name
+
+
+def _run(*args, cwd=None, input=None):
+    return subprocess.run([sys.executable, "-m", "directload", *args], capture_output=True, encoding="utf-8",
+                          errors="replace", cwd=cwd, timeout=600, input=input)
+
 
 def _cli(*args, cwd=None):
-    proc = subprocess.run([sys.executable, "-m", "directload", *args], capture_output=True, encoding="utf-8",
-                          errors="replace", cwd=cwd,
-                          timeout=600)
+    proc = _run(*args, cwd=cwd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 
 
+def _walk(value):
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _walk(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _walk(v)
+    else:
+        yield value
+
+
 def test_dataset_synth_and_train_both_loaders(tmp_path):
-    out = _cli("dataset", "synth", "--root", str(tmp_path / "data"), "--name", "synth-tiny", "--nodes", "2000")
+    out = _cli("dataset", "synth", "--root", str(tmp_path / "data"), "--name", "synth-tiny", "--nodes", "2000",
+               "--no-progress")
     assert "synth-tiny" in out and (tmp_path / "data" / "synth_tiny" / "RELEASE_v1.txt").exists()
     out = _cli("train", "--root", str(tmp_path / "data"), "--dataset", "synth-tiny", "--epochs", "2",
-               "--hidden", "16", "--batch-size", "128", "--fanouts", "5", "5", "--no-progress",
+               "--hidden", "16", "--batch-size", "128", "--fanouts", "5", "5", "--no-progress", "--device", "cpu",
                "--out", str(tmp_path / "res"))
-    assert "epoch_vs_dgl" in out
-    report = json.loads((tmp_path / "res" / "train_synth-tiny.json").read_text())
-    loaders = {row["loader"] for row in report["summary"]}
-    assert loaders == {"dgl", "directload"}
+    assert "epoch vs DGL (min-max)" in out and "test acc %" in out and "test acc vs DGL (pp)" in out
+    assert "first epoch left out" in out
+    stem = "train_synth-tiny_sage_dgl-vs-directload"
+    text = (tmp_path / "res" / f"{stem}.json").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    report = json.loads(text)
+    assert {row["loader"] for row in report["summary"]} == {"dgl", "directload"}
     for row in report["summary"]:
-        assert row["epoch_s"] > 0 and 0.0 <= row["test_acc"] <= 1.0
+        assert row["epoch_s"] > 0 and 0.0 <= row["test_acc_pct"] <= 100.0
         assert row["sample_s"] > 0 and row["gather_s"] > 0 and row["train_s"] > 0
-    assert report["meta"]["nodes"] == 2000
-    assert (tmp_path / "res" / "train_synth-tiny.png").stat().st_size > 10_000
+        assert row["first_epoch_left_out"] is True
+    ours = next(r for r in report["summary"] if r["loader"] == "directload")
+    assert ours["epoch_vs_dgl_min"] <= ours["epoch_vs_dgl"] <= ours["epoch_vs_dgl_max"]
+    assert report["meta"]["nodes"] == 2000  # the dataset made with other options is kept
+    assert all(not (isinstance(v, float) and not math.isfinite(v)) for v in _walk(report))
+    assert (tmp_path / "res" / f"{stem}.png").stat().st_size > 10_000
+    # A second run with another model writes its own files instead of overwriting the first.
+    _cli("train", "--root", str(tmp_path / "data"), "--dataset", "synth-tiny", "--epochs", "1", "--hidden", "8",
+         "--batch-size", "256", "--layers", "1", "--loader", "directload", "--no-progress", "--device", "cpu",
+         "--out", str(tmp_path / "res"))
+    assert (tmp_path / "res" / "train_synth-tiny_sage_directload.json").exists()
+    one = json.loads((tmp_path / "res" / "train_synth-tiny_sage_directload.json").read_text())
+    assert one["summary"][0]["first_epoch_left_out"] is False
+    assert (tmp_path / "res" / f"{stem}.json").read_text() == text
+
+
+def test_report_names_differ_by_model_loader_and_dataset():
+    names = {report_name("train", d, m, lo) for d in ("a", "b") for m in (["sage"], ["gat"], ["sage", "gat"])
+             for lo in (["dgl"], ["directload"], ["dgl", "directload"])}
+    assert len(names) == 18
 
 
 def test_bench_rejects_unknown_names():
-    proc = subprocess.run([sys.executable, "-m", "directload", "bench", "nope"], capture_output=True, text=True)
+    proc = _run("bench", "nope")
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--layers", "3", "--fanouts", "10", "10"], "3 layers but 2 fanouts"),
+    (["--device", "cuda"], "no usable CUDA device"),
+    (["--device", "tpu"], "not a device|not supported"),
+    (["--dataset", "../x"], "one plain path component"),
+])
+def test_library_errors_are_one_line(tmp_path, args, match, capsys):
+    if "cuda" in args:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has CUDA")
+    code = main(["train", "--root", str(tmp_path), "--no-progress", *args])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith("directload: error: ") and err.count("\n") == 1 and "Traceback" not in err
+    import re
+
+    assert re.search(match, err), err
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    for argv in (["--debug", "train"], ["train", "--debug"]):
+        proc = _run(*argv, "--root", str(tmp_path), "--layers", "2", "--fanouts", "5", "--no-progress")
+        assert proc.returncode == 1
+        assert "Traceback (most recent call last)" in proc.stderr and "ValueError" in proc.stderr
+
+
+def test_info_into_a_closed_pipe_ends_quietly():
+    proc = subprocess.run(f"{sys.executable} -m directload info | head -n 1", shell=True, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.count("\n") == 1
+    assert "BrokenPipeError" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
+
+
+def _actions(parser):
+    for action in parser._actions:
+        yield parser, action
+        for sub in getattr(action, "choices", None) or {}:
+            if isinstance(action.choices, dict):
+                yield from _actions(action.choices[sub])
+
+
+def test_every_option_has_help_and_no_markup():
+    for parser, action in _actions(build_parser()):
+        if action.option_strings or action.dest not in ("command", "action", "help"):
+            assert action.help, f"{parser.prog} {action.option_strings or action.dest} has no help"
+        for text in (action.help or "", parser.description or ""):
+            assert "``" not in text and ":func:" not in text and "seed 002" not in text, text
+    text = subprocess.run([sys.executable, "-m", "directload", "train", "--help"], capture_output=True,
+                          text=True).stdout
+    assert "(default: 1024)" in text and "(default: sage)" in text and "GAT" in text
+
+
+def test_bad_numbers_are_refused_by_the_parser(capsys):
+    for argv in (["train", "--epochs", "0"], ["train", "--lr", "-1"], ["train", "--batch-size", "x"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+    assert "must be" in capsys.readouterr().err

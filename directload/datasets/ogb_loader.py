@@ -4,6 +4,7 @@ import contextlib
 import io
 import json
 import os
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,9 +12,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .synthetic import META_FILE
+from directload.files import CorruptFileError, npy_layout
 
-__all__ = ["Dataset", "load", "convert", "ogb_meta_dict", "FEATURE_FILE"]
+from .synthetic import META_FILE, check_name, dataset_files
+
+__all__ = ["Dataset", "load", "convert", "ogb_meta_dict", "FEATURE_FILE", "IncompleteDatasetError",
+           "SplitIndexError"]
+
+
+class IncompleteDatasetError(FileNotFoundError):
+    """A dataset directory lacks files it needs (an interrupted or partial generation, or a copy)."""
+
+
+class SplitIndexError(CorruptFileError, IndexError):
+    """A split names node ids outside the graph."""
 
 #: A memory-mappable copy of the node features, beside OGB's files.
 FEATURE_FILE = "node-feat.npy"
@@ -90,8 +102,16 @@ def load(root, name, *, affinity="cuda", pin="auto", quiet=True):
 
     Raises
     ------
+    ValueError
+        ``name`` is not one plain path component.
     FileNotFoundError
         The dataset is not in ``root`` (OGB would try to download it).
+    IncompleteDatasetError
+        The directory is a partial generation or lacks files (a
+        ``FileNotFoundError``).
+    SplitIndexError
+        A split names nodes outside the graph (an ``IndexError`` and a
+        :class:`directload.CorruptFileError`).
 
     Examples
     --------
@@ -105,10 +125,12 @@ def load(root, name, *, affinity="cuda", pin="auto", quiet=True):
     """
     import directload
 
+    check_name(name)
     path = _dataset_dir(root, name)
     if not (path / "raw").exists() and not (path / "processed").exists():
         raise FileNotFoundError(f"no dataset {name!r} under {root}: generate one with `directload dataset synth` "
                                 f"or place OGB's {name} files there (this never downloads)")
+    _check_complete(path, name)
     ds = _ogb_dataset(root, name, path, quiet)
     graph, labels = ds[0]
     labels = labels.reshape(-1).long()
@@ -116,6 +138,14 @@ def load(root, name, *, affinity="cuda", pin="auto", quiet=True):
         # OGB's split reader hands pandas' read-only arrays to torch.from_numpy; the ids are copied by .to(long).
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         split = {k: v.long() for k, v in ds.get_idx_split().items()}
+    n = graph.num_nodes()
+    if labels.shape[0] != n:
+        raise CorruptFileError(f"{path}: {labels.shape[0]} labels for {n} nodes")
+    for part, ids in split.items():
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
+            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+            raise SplitIndexError(f"{path}: split {part!r} names node {bad}, outside the graph's {n} nodes "
+                                  f"(valid 0..{n - 1}); the split files do not belong to this graph")
     feat_file = path / "raw" / FEATURE_FILE
     if feat_file.exists():
         feat = directload.from_file(feat_file, affinity=affinity, pin=pin)
@@ -130,12 +160,43 @@ def load(root, name, *, affinity="cuda", pin="auto", quiet=True):
     return Dataset(name, path, graph, feat, labels, split, int(ds.num_classes))
 
 
+def _check_complete(path, name):
+    """Raise :class:`IncompleteDatasetError` for a generated dataset with files missing, or a directory
+    that is neither a generated dataset nor one of OGB's (what an interrupted generation leaves)."""
+    meta_file = path / META_FILE
+    if meta_file.exists():
+        try:
+            inline = bool(json.loads(meta_file.read_text()).get("inline_features", False))
+        except (ValueError, AttributeError) as exc:
+            raise IncompleteDatasetError(f"{path}: {META_FILE} is unreadable ({exc}); regenerate it with "
+                                         f"`directload dataset synth --name {name} --overwrite`") from exc
+        missing = [f for f in dataset_files(inline) if not (path / f).is_file()]
+        if missing:
+            raise IncompleteDatasetError(f"dataset {name!r} in {path} is incomplete (missing {', '.join(missing)}); "
+                                         f"regenerate it with `directload dataset synth --name {name} --overwrite`")
+    elif name not in _ogb_names():
+        raise IncompleteDatasetError(
+            f"{path} is neither a complete generated dataset (no {META_FILE}: an interrupted generation?) nor one "
+            f"of OGB's datasets; regenerate it with `directload dataset synth --name {name} --overwrite`, or "
+            "remove it")
+
+
+def _ogb_names():
+    """OGB's node-property dataset names (its own master table)."""
+    import ogb.nodeproppred
+    import pandas
+
+    table = Path(ogb.nodeproppred.__file__).parent / "master.csv"
+    return set(pandas.read_csv(table, index_col=0, keep_default_na=False).columns)
+
+
 def convert(root, name, *, quiet=True):
     """Write a memory-mappable ``raw/node-feat.npy`` for an OGB dataset in ``root``.
 
     Later :func:`load` calls map it instead of reading OGB's features into
     memory.  Returns the file's path.
     """
+    check_name(name)
     path = _dataset_dir(root, name)
     if not path.exists():
         raise FileNotFoundError(f"no dataset {name!r} under {root}")
@@ -145,5 +206,18 @@ def convert(root, name, *, quiet=True):
         raise ValueError(f"{name} has no node features to convert")
     out = path / "raw" / FEATURE_FILE
     out.parent.mkdir(parents=True, exist_ok=True)
-    np.save(out, graph.ndata["feat"].numpy())
+    feat = graph.ndata["feat"].numpy()
+    if out.exists():
+        have = npy_layout(out)
+        if have[:2] == (feat.dtype, feat.shape):
+            return out  # converted before
+        raise FileExistsError(f"{out} exists with another layout ({have[0]}, {have[1]}); not overwriting it")
+    with tempfile.NamedTemporaryFile(dir=out.parent, prefix=f".{FEATURE_FILE}.", suffix=".npy", delete=False) as f:
+        tmp = Path(f.name)
+    try:
+        np.save(tmp, feat)
+        os.replace(tmp, out)  # complete or absent, never half written
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return out

@@ -1,9 +1,14 @@
 """A synthetic node-classification dataset written in OGB's raw on-disk layout, in chunks."""
 
+import contextlib
+import fcntl
 import gzip
 import json
+import math
 import os
+import re
 import shutil
+import tempfile
 import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -11,10 +16,37 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-__all__ = ["SynthConfig", "synthesize", "META_FILE", "PRESETS"]
+__all__ = ["SynthConfig", "synthesize", "check_name", "dataset_files", "dataset_exists", "META_FILE", "PRESETS"]
 
 #: Our description of a generated dataset, beside OGB's files.
 META_FILE = "directload-meta.json"
+#: Marks a directory that a generation is still writing (or that a killed one left behind).
+PARTIAL_FILE = ".directload-partial"
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_name(name):
+    """Raise ``ValueError`` unless ``name`` is one plain path component.
+
+    Dataset names become directory names under a root, so ``..``, ``.``, an
+    empty name, separators and absolute paths are refused before any file is
+    touched.  Allowed: letters, digits, ``-``, ``_`` and ``.``, starting with a
+    letter or digit (OGB's names, such as ``ogbn-papers100M``, qualify).
+
+    Examples
+    --------
+    >>> check_name("synth-small")
+    >>> check_name("../victim")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: dataset name must be one plain path component ... got '../victim'
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"dataset name must be a str, got {type(name).__name__}")
+    if not _NAME.fullmatch(name):
+        raise ValueError("dataset name must be one plain path component (letters, digits, '-', '_', '.'; "
+                         f"starting with a letter or digit), got {name!r}")
 
 
 @dataclass(frozen=True)
@@ -54,6 +86,27 @@ class SynthConfig:
     feat_dtype: str = "float32"
     seed: int = 0
     chunk_nodes: int = 1 << 20
+
+    def __post_init__(self):
+        for name, low in (("num_nodes", 1), ("avg_degree", 1), ("num_feats", 1), ("num_classes", 2),
+                          ("seed", 0), ("chunk_nodes", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        _check_real("homophily", self.homophily, lambda v: 0 <= v <= 1, "in [0, 1]")
+        _check_real("signal", self.signal, lambda v: v >= 0, ">= 0")
+        _check_real("power", self.power, lambda v: v > 1, "> 1 (a Pareto exponent with a finite mean)")
+        split = tuple(self.split)
+        if len(split) != 2 or any(not isinstance(f, (int, float)) or isinstance(f, bool) or not 0 <= f < 1
+                                  for f in split) or sum(split) >= 1:
+            raise ValueError(f"split must be (train, valid) fractions in [0, 1) that leave a test part, got {split!r}")
+        if self.feat_dtype not in ("float32", "float16"):
+            raise ValueError(f"feat_dtype must be 'float32' or 'float16', got {self.feat_dtype!r}")
+
+
+def _check_real(name, value, ok, what):
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or not ok(value):
+        raise ValueError(f"{name} must be a finite number {what}, got {value!r}")
 
 
 #: Named sizes: tiny for tests, small for the README's first run, larger for benchmarks.
@@ -100,22 +153,40 @@ def synthesize(root, name="synth-small", config=None, *, inline_features=False, 
       datasets; fine for small sizes);
     - ``directload-meta.json``: the configuration and OGB's meta fields.
 
+    The dataset is written into a fresh hidden directory beside its final
+    place and renamed into place only when complete, so an interrupted run
+    leaves nothing that loads as a dataset.  Generations in one ``root`` take
+    turns (a lock on ``root``): a second generation of the same dataset waits
+    for the first and then finds it done.  Nothing that this function did not
+    create is ever deleted.
+
     Parameters
     ----------
     root : str or Path
     name : str
-        Dataset name; a key of :data:`PRESETS` picks its configuration.
+        Dataset name, one plain path component (see :func:`check_name`); a key
+        of :data:`PRESETS` picks its configuration.
     config : SynthConfig, optional
         Overrides the preset.
     inline_features : bool
     overwrite : bool
-        Regenerate even if the directory holds a complete dataset.
+        Regenerate even if the directory holds a complete dataset.  Only a
+        directory made by this function is ever replaced.
     progress : bool
         Show tqdm progress bars.
 
     Returns
     -------
     pathlib.Path
+
+    Raises
+    ------
+    ValueError
+        ``name`` is not one plain path component.
+    FileExistsError
+        The directory exists but was not made by this function, or holds a
+        dataset with another configuration (or an incomplete one) and
+        ``overwrite`` is false.
 
     Examples
     --------
@@ -124,16 +195,97 @@ def synthesize(root, name="synth-small", config=None, *, inline_features=False, 
     >>> sorted(p.name for p in (path / "raw").iterdir())
     ['data.npz', 'node-feat.npy', 'node-label.npz']
     """
+    check_name(name)
     cfg = config or PRESETS.get(name) or SynthConfig()
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
     out = _dir(root, name)
-    meta_path = out / META_FILE
-    if meta_path.exists() and not overwrite:
-        meta = json.loads(meta_path.read_text())
-        if meta["config"] == json.loads(json.dumps(asdict(cfg))):
+    with _root_lock(root):
+        state = _state(out, cfg, inline_features)
+        if state == "same" and not overwrite:
             return out
-    if out.exists():
-        shutil.rmtree(out)
-    (out / "raw").mkdir(parents=True)
+        if state == "foreign":
+            raise FileExistsError(f"{out} exists and was not made by directload (no {META_FILE}); refusing to touch "
+                                  "it: choose another --name or --root")
+        if state in ("different", "incomplete") and not overwrite:
+            what = "another configuration" if state == "different" else "an incomplete dataset"
+            raise FileExistsError(f"{out} holds {what}; pass overwrite=True (--overwrite) to regenerate it, or "
+                                  "choose another --name")
+        _remove_stale_partials(root, out.name)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=root))
+        try:
+            (tmp / PARTIAL_FILE).write_text(f"{name}: being generated by directload (pid {os.getpid()})\n")
+            _generate(tmp, name, cfg, inline_features, progress)
+            (tmp / PARTIAL_FILE).unlink()
+            if out.exists():  # ours (it has our meta file), replaced on request
+                old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=root))
+                os.rename(out, old / "dataset")
+                os.rename(tmp, out)
+                shutil.rmtree(old)
+            else:
+                os.rename(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return out
+
+
+@contextlib.contextmanager
+def _root_lock(root):
+    """Hold an exclusive lock on the ``root`` directory (released on exit, or when the process dies)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def dataset_exists(root, name):
+    """Whether ``root`` has a directory for dataset ``name`` (complete or not; :func:`load` tells)."""
+    check_name(name)
+    return os.path.lexists(_dir(root, name))
+
+
+def dataset_files(inline_features):
+    """The files a complete generated dataset has, relative to its directory."""
+    files = ["RELEASE_v1.txt", "raw/data.npz", "raw/node-label.npz", META_FILE,
+             *(f"split/random/{part}.csv.gz" for part in ("train", "valid", "test"))]
+    return files if inline_features else [*files, "raw/node-feat.npy"]
+
+
+def _state(out, cfg, inline_features):
+    """What is at ``out``: "missing", "same" (complete, this configuration), "different",
+    "incomplete" (ours, files missing) or "foreign" (not made by directload)."""
+    if not out.exists() and not out.is_symlink():
+        return "missing"
+    meta_path = out / META_FILE
+    if not out.is_dir() or out.is_symlink() or not meta_path.is_file():
+        return "foreign"
+    try:
+        meta = json.loads(meta_path.read_text())
+        config = meta["config"]
+    except (ValueError, KeyError, TypeError):
+        return "incomplete"
+    if any(not (out / f).is_file() for f in dataset_files(meta.get("inline_features", False))):
+        return "incomplete"
+    same = config == json.loads(json.dumps(asdict(cfg))) and meta.get("inline_features", False) == inline_features
+    return "same" if same else "different"
+
+
+def _remove_stale_partials(root, dirname):
+    """Remove what killed generations of this dataset left behind (only directories holding our marker).
+
+    Called under the root lock, so no generation is writing them.
+    """
+    for p in root.glob(f".{dirname}.partial-*"):
+        if p.is_dir() and not p.is_symlink() and (p / PARTIAL_FILE).is_file():
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _generate(out, name, cfg, inline_features, progress):
+    """Write the whole dataset into the (empty, private) directory ``out``."""
+    (out / "raw").mkdir()
     (out / "split" / "random").mkdir(parents=True)
     rng = np.random.default_rng(cfg.seed)
     n, c = cfg.num_nodes, cfg.num_classes
@@ -199,9 +351,6 @@ def synthesize(root, name="synth-small", config=None, *, inline_features=False, 
     bar.update()
     (out / "RELEASE_v1.txt").write_text(f"{name}: generated by directload\n")
     meta = {"name": name, "config": asdict(cfg), "num_edges": num_edges, "inline_features": inline_features}
-    tmp = meta_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(meta, indent=2))
-    os.replace(tmp, meta_path)  # written last: its presence marks a complete dataset
+    (out / META_FILE).write_text(json.dumps(meta, indent=2))
     bar.update()
     bar.close()
-    return out
