@@ -42,7 +42,7 @@ setup(
         "psutil",
     ],
     extras_require={
-        "dev": ["pytest", "hypothesis", "ruff"],
+        "dev": ["pytest", "hypothesis", "ruff", "pytorch-lightning>=2.4"],
         "io": ["liburing"],
     },
     entry_points={"console_scripts": ["directload=directload.cli:main"]},

@@ -120,8 +120,8 @@ def _fmt(v):
     return str(v)
 
 
-def grouped_bars(path, labels, series, ylabel, title, rotation=45):
-    """A bar group per label, one bar per ``series`` entry (name -> values)."""
+def grouped_bars(path, labels, series, ylabel, title, rotation=45, log=False):
+    """A bar group per label, one bar per ``series`` entry (name -> values); ``log`` for a log value axis."""
     import numpy as np
 
     plt = pyplot()
@@ -131,6 +131,8 @@ def grouped_bars(path, labels, series, ylabel, title, rotation=45):
     for i, (name, values) in enumerate(series.items()):
         ax.bar(x + i * width, values, width, label=name)
     ax.set_xticks(x + 0.4 - width / 2, labels, rotation=rotation, ha="right")
+    if log:
+        ax.set_yscale("log")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=8)

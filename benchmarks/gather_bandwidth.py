@@ -1,4 +1,4 @@
-"""Gather bandwidth microbenchmark (seed 002, Figure 4.6): random rows of a large table.
+"""Gather bandwidth microbenchmark (PyTorch-Direct paper, Figure 4.6): random rows of a large table.
 
 On the CPU: directload's ``cpu`` backend (aligned and naive; ``--team`` picks
 the thread team that runs it, see kernels/cpu.py) against

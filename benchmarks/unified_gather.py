@@ -93,8 +93,9 @@ def main(argv=None):
 def _plot(results, path):
     keys = [k for k in results[0] if k.endswith("_gbps")]
     labels = [f"{r['count']} x {r['row_bytes']}B" for r in results]
-    grouped_bars(path, labels, {k[:-5]: [r[k] for r in results] for k in keys}, "GB/s", "Unified-tensor gather",
-                 rotation=30)
+    # Log axis: bandwidths span two orders of magnitude between the small and the large gathers.
+    grouped_bars(path, labels, {k[:-5]: [r[k] for r in results] for k in keys}, "GB/s (log scale)",
+                 "Unified-tensor gather", rotation=30, log=True)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
-__all__ = ["main", "build_parser", "add_train_arguments", "run_training", "report_name"]
+__all__ = ["main", "build_parser", "add_train_arguments", "run_training", "report_name", "HelpFormatter"]
 
 DESCRIPTION = ("directload: zero-copy GPU feature loading for mini-batch GNN training, with a drop-in DGL "
                "DataLoader, datasets in OGB's layout, and side-by-side training against DGL's loader.  "
@@ -20,7 +20,7 @@ _BENCH = {"gather": "gather_bandwidth.py", "alignment": "alignment_sweep.py", "u
 _SOURCE_TREE = Path(__file__).resolve().parent.parent
 
 
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Help with each option's default; ``(default: None)`` left out where None only means "not given"."""
 
     def _get_help_string(self, action):
@@ -179,13 +179,13 @@ def build_parser():
     debug = argparse.ArgumentParser(add_help=False)
     debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show the full traceback of an error")
-    parser = argparse.ArgumentParser(prog="directload", description=DESCRIPTION, formatter_class=_Formatter)
+    parser = argparse.ArgumentParser(prog="directload", description=DESCRIPTION, formatter_class=HelpFormatter)
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{info,dataset,bench,train}")
 
     def command(parent, name, help_text):
         return parent.add_parser(name, help=help_text, description=help_text, parents=[debug],
-                                 formatter_class=_Formatter)
+                                 formatter_class=HelpFormatter)
 
     p = command(sub, "info", "what this machine offers: CUDA, CuPy, NVRTC, the Numba CUDA simulator, io_uring")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")

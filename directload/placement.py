@@ -1,6 +1,6 @@
 """Placement rules for unified tensors: where an op runs and where its result lands.
 
-The rules follow PyTorch-Direct (seed 002, section 4.4.3, Table 4.2), resolved
+The rules follow PyTorch-Direct (PyTorch-Direct paper, section 4.4.3, Table 4.2), resolved
 by :func:`compute_device` from the operands alone:
 
 =====  ===========================================  ===================  ===============

@@ -3,6 +3,7 @@
 import atexit
 import functools
 import math
+import os
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -227,6 +228,15 @@ class GatherFuture:
 
 _pool = None
 _pool_lock = threading.Lock()
+
+
+def _after_fork_in_child():
+    # The parent's worker thread did not come along: a new child builds its own pool.
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _cpu_pool():

@@ -34,6 +34,7 @@ import torch
 from llvmlite import ir
 from numba import carray, cfunc, njit, prange, types
 from numba.core import cgutils
+from numba.core.compiler_lock import global_compiler_lock
 from numba.extending import intrinsic
 
 from .indexing import naive_element
@@ -318,15 +319,28 @@ _team = None
 _forked = False
 
 
+def _before_fork():
+    # A lock held by another thread at fork() stays held forever in the child, where
+    # that thread does not exist: a child forked while a thread compiled its first
+    # gather blocked on Numba's compiler lock at its own first gather.  So fork()
+    # waits until no thread is compiling, and the child starts with the lock free.
+    global_compiler_lock.acquire()
+
+
+def _after_fork_in_parent():
+    global_compiler_lock.release()
+
+
 def _after_fork_in_child():
     # A forked child inherits an OpenMP runtime whose threads did not come along:
     # starting a team there hangs (GNU libgomp; torch's own ops hang too) or aborts
     # (Numba).  Gathers in a forked child run serially instead.
     global _forked
     _forked = True
+    global_compiler_lock.release()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
 def set_team(name):

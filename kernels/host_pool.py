@@ -1,5 +1,6 @@
 """A recycling pool for large host output buffers, so gathers write into memory already faulted in."""
 
+import os
 import threading
 import weakref
 
@@ -86,6 +87,14 @@ class HostBufferPool:
 
 
 _default = HostBufferPool()
+
+
+def _after_fork_in_child():
+    # The lock may have been held by a thread that does not exist in the child.
+    _default._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def default_pool():

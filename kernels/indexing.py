@@ -19,7 +19,7 @@ __all__ = [
 #: Threads per warp on every NVIDIA GPU so far.
 WARP = 32
 #: Bytes per GPU cache line, the unit of a coalesced PCIe read request
-#: (CUDA C++ Programming Guide, "Device Memory Accesses"; seed 002 section 4.4.5).
+#: (CUDA C++ Programming Guide, "Device Memory Accesses"; PyTorch-Direct paper, section 4.4.5).
 LINE = 128
 #: Threads per block used by every GPU launch.
 BLOCK = 256
@@ -38,7 +38,7 @@ def naive_element(tid, row_elems):
     """(output row, column) that flat thread ``tid`` copies in the naive kernel.
 
     One thread per element of the flattened output: the access pattern of
-    PyTorch's own ``index_select`` kernel (seed 002, Figure 4.4).
+    PyTorch's own ``index_select`` kernel (PyTorch-Direct paper, Figure 4.4).
     """
     return tid // row_elems, tid % row_elems
 

@@ -12,7 +12,7 @@ __all__ = ["RequestCount", "count_requests", "row_min_lines", "paper_shift_eleme
 # The model compiles the very functions the kernels call, so a counted request is
 # one the kernel really issues.  A "warp-wide load" is one step of one warp: the
 # set of bytes its lanes read together.  Each distinct line in that set is one
-# PCIe read request (zero-copy reads are served per 128-byte line; seed 002
+# PCIe read request (zero-copy reads are served per 128-byte line; PyTorch-Direct paper
 # section 4.4.5).
 _geometry = njit(inline="always")(aligned_geometry)
 _span = njit(inline="always")(aligned_span)
@@ -50,7 +50,7 @@ def paper_shift_element(col, row_first_tid, row_addr, row_elems, elem, warp, lin
 
     Model only (no kernel uses it): PyTorch-Direct keeps one thread per output
     element and rotates each row by ``shift`` so that a thread's lane matches its
-    element's place in the line, wrapping by the row length (seed 002, Fig. 4.5).
+    element's place in the line, wrapping by the row length (PyTorch-Direct paper, Fig. 4.5).
     """
     per_line = line // elem
     lane0 = row_first_tid % warp

@@ -1,15 +1,20 @@
-"""``directload.loaders.DataLoader``: DGL's neighbour-sampling DataLoader, with features gathered by directload."""
+"""``directload.loaders.DataLoader``: DGL's DataLoader, with node features gathered by directload."""
 
-import copy
 import os
+from collections.abc import Mapping
 
-import dgl
-import torch
+os.environ.setdefault("DGLBACKEND", "pytorch")
 
-from .features import resolve_features
-from .pipeline import Epoch, Pipeline
+import dgl  # noqa: E402
+import torch  # noqa: E402
+from dgl.dataloading.dataloader import CollateWrapper  # noqa: E402
 
-__all__ = ["DataLoader", "resolve_sampling", "resolve_overlap"]
+from directload.capabilities import usable_device  # noqa: E402
+
+from .features import FeatureSource, announce, finish_batch, input_ids, start_batch  # noqa: E402
+from .pipeline import Epoch, Pipeline  # noqa: E402
+
+__all__ = ["DataLoader", "resolve_sampling", "resolve_overlap", "check_indices"]
 
 
 def resolve_sampling(sample_in_thread, num_workers):
@@ -50,30 +55,99 @@ def resolve_overlap(overlap, device, cpu_count, torch_threads):
     return torch.device(device).type == "cuda" or cpu_count > torch_threads
 
 
-class DataLoader:
-    """Drop-in replacement for :class:`dgl.dataloading.DataLoader` (node-wise samplers).
+def _seed_kind(sampler):
+    """``"nodes"`` or ``"edges"`` when the sampler's seeds are graph ids, else None (ClusterGCN's
+    partition numbers, SAINT's iteration counters, custom samplers)."""
+    if isinstance(sampler, dgl.dataloading.EdgePredictionSampler):
+        return "edges"
+    if isinstance(sampler, (dgl.dataloading.BlockSampler, dgl.dataloading.ShaDowKHopSampler)):
+        return "nodes"
+    return None
 
-    Same constructor and the same yield, ``(input_nodes, output_nodes,
-    blocks)``.  Node fields named in the sampler's ``prefetch_node_feats`` and
-    ``prefetch_labels`` are gathered by directload (zero-copy on a GPU from a
-    unified or pinned table, the parallel CPU kernel otherwise) and arrive in
-    ``blocks[0].srcdata`` and ``blocks[-1].dstdata``, as with DGL.  The
-    gather for the next batch overlaps training on the current one.
+
+def check_indices(graph, indices, sampler):
+    """Raise ``IndexError`` (or ``TypeError``) for seed ids outside the graph, before DGL samples.
+
+    DGL's samplers abort the process (``c10::Error``) or crash (SIGSEGV) on an
+    id out of range; this checks node ids of node-wise samplers and edge ids
+    of edge-wise ones.  Indices that are not tensors (a custom dataset) and
+    the seeds of subgraph samplers, which are not graph ids, are left to DGL.
+    """
+    kind = _seed_kind(sampler)
+    if kind is None or not isinstance(graph, dgl.DGLGraph):
+        return
+    types = graph.ntypes if kind == "nodes" else graph.canonical_etypes
+    if isinstance(indices, Mapping):
+        items = list(indices.items())
+    elif len(types) == 1:
+        items = [(types[0], indices)]
+    else:
+        raise TypeError(f"this graph has several {'node' if kind == 'nodes' else 'edge'} types: pass the seed "
+                        "ids as a dict {type: ids}")
+    for t, ids in items:
+        if not torch.is_tensor(ids):
+            try:
+                ids = torch.as_tensor(ids)
+            except (TypeError, ValueError, RuntimeError):
+                continue  # left to DGL, which says what it accepts
+        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            raise TypeError(f"seed ids must be integers, got {ids.dtype} (a boolean mask? pass mask.nonzero())")
+        try:
+            n = graph.num_nodes(t) if kind == "nodes" else graph.num_edges(t)
+        except dgl.DGLError as exc:
+            raise KeyError(f"seed ids given for {t!r}, which is not a {kind[:-1]} type of the graph") from exc
+        if ids.numel():
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= n:
+                bad = lo if lo < 0 else hi
+                what = f" of type {t!r}" if len(types) > 1 else ""
+                raise IndexError(f"seed {kind[:-1]} id {bad}{what} is outside the graph's {n} {kind} "
+                                 f"(valid 0..{n - 1})")
+
+
+def _check_batch_size(batch_size):
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+
+
+class DataLoader(dgl.dataloading.DataLoader):
+    """Drop-in replacement for :class:`dgl.dataloading.DataLoader`, for any DGL sampler.
+
+    It *is* a DGL DataLoader (and a ``torch.utils.data.DataLoader``): same
+    constructor, attributes (``graph``, ``indices``, ``graph_sampler``,
+    ``batch_size``, ``device``, ``use_uva``, ``dataset``, ...), methods
+    (``enable_cpu_affinity()``, ``attach_data()``) and batches.  Node
+    features, labels and subgraph node data that the sampler marks for
+    prefetching (``prefetch_node_feats``, ``prefetch_labels``,
+    ``prefetch_ndata``) are gathered by directload: zero-copy on a GPU from a
+    unified or pinned table, on the parallel CPU kernel otherwise.  Whatever
+    directload does not accelerate (edge features, attached data, tables
+    that need autograd, unusual dtypes, DGL's GPU caches) DGL fetches itself,
+    so node-wise, edge-wise (``as_edge_prediction_sampler``, with negative
+    sampling and ``exclude=``) and subgraph samplers (ClusterGCN, SAINT,
+    ShaDow) all give DGL's batches.  Tables are read from the graph at every
+    batch, as DGL does, so ``g.ndata["h"] = y`` between layers of layer-wise
+    inference is seen.
 
     Parameters
     ----------
-    graph, indices, graph_sampler, device, batch_size, shuffle, drop_last, num_workers, use_ddp, **kwargs
-        As for DGL's DataLoader.  With the same seeds it yields the same batches
-        as DGL's (same ids, same blocks) and features equal to
-        ``graph.ndata[name][input_nodes]``.
+    graph, indices, graph_sampler, device, use_ddp, ddp_seed, batch_size, drop_last, shuffle, \
+use_prefetch_thread, use_alternate_streams, pin_prefetcher, use_uva, **kwargs
+        As for DGL's DataLoader.  With the same seeds it yields the same batches.
+        Checked before anything runs: ``device`` must exist on this machine,
+        ``batch_size`` must be positive, and the seed ids of node- and
+        edge-wise samplers must lie in the graph (``IndexError``; DGL itself
+        crashes on them).
     features : dict, optional
         ``{name: table}`` (``{name: {ntype: table}}`` on a heterogeneous graph)
-        overriding ``graph.ndata``; a table is a tensor (ideally a
-        :func:`directload.to_unified` one) or a store with ``gather(ids, device)``.
+        overriding the graph's node data for the fields the sampler marks; a
+        table is a tensor (ideally a :func:`directload.to_unified` one) or a
+        store with ``gather(ids, device)`` and optionally ``prefetch(ids)``.
     lookahead : int
         Batches sampled ahead of the one being trained on (default 4).  Their
-        input ids are visible through the epoch iterator's ``upcoming()`` and
-        are passed to every store's ``prefetch(ids)`` hook.
+        ids are listed by the epoch iterator's ``upcoming()`` from ``iter()``
+        on, and every store behind a prefetched node field gets
+        ``prefetch(ids)`` with exactly the ids each batch will read from it.
     sample_in_thread : bool, optional
         Sample on a background thread.  Default: only with ``num_workers > 0``
         (see :func:`resolve_sampling`).
@@ -95,29 +169,37 @@ class DataLoader:
     True
     """
 
-    def __init__(self, graph, indices, graph_sampler, device=None, *, features=None, lookahead=4,
-                 sample_in_thread=None, overlap=None, **kwargs):
-        if lookahead < 1:
-            raise ValueError(f"lookahead must be at least 1, got {lookahead}")
-        self.graph = graph
-        self.device = torch.device(device) if device is not None else graph.device
+    def __init__(self, graph, indices, graph_sampler, device=None, use_ddp=False, ddp_seed=0, batch_size=1,
+                 drop_last=False, shuffle=False, use_prefetch_thread=None, use_alternate_streams=None,
+                 pin_prefetcher=None, use_uva=False, *, features=None, lookahead=4, sample_in_thread=None,
+                 overlap=None, **kwargs):
+        dgl_args = dict(device=device, use_ddp=use_ddp, ddp_seed=ddp_seed, batch_size=batch_size,
+                        drop_last=drop_last, shuffle=shuffle, use_prefetch_thread=use_prefetch_thread,
+                        use_alternate_streams=use_alternate_streams, pin_prefetcher=pin_prefetcher, use_uva=use_uva)
+        if not isinstance(kwargs.get("collate_fn"), CollateWrapper):  # else: Lightning rebuilding a loader
+            if device is not None:
+                usable_device(device)  # DGL would hang or fail later on a device this machine lacks
+            _check_batch_size(batch_size)
+            if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1:
+                raise ValueError(f"lookahead must be a positive integer, got {lookahead!r}")
+            check_indices(graph, indices, graph_sampler)
+        super().__init__(graph, indices, graph_sampler, **dgl_args, **kwargs)
+        self.features = features
         self.lookahead = lookahead
-        self.sample_in_thread = resolve_sampling(sample_in_thread, kwargs.get("num_workers", 0))
+        self.sample_in_thread = resolve_sampling(sample_in_thread, self.num_workers)
         self.overlap = resolve_overlap(overlap, self.device, os.cpu_count() or 1, torch.get_num_threads())
-        node_feats = getattr(graph_sampler, "prefetch_node_feats", None) or []
-        labels = getattr(graph_sampler, "prefetch_labels", None) or []
-        self.spec = resolve_features(graph, node_feats, labels, features)
-        # DGL samples exactly as before but leaves these fields to us.
-        sampler = copy.copy(graph_sampler)
-        sampler.prefetch_node_feats = []
-        sampler.prefetch_labels = []
-        inner_device = self.device if kwargs.get("use_uva") else torch.device("cpu")
-        self._dgl = dgl.dataloading.DataLoader(graph, indices, sampler, device=inner_device, **kwargs)
-
-    def __len__(self):
-        return len(self._dgl)
+        self._source = FeatureSource(self, features)
 
     def __iter__(self):
-        """A new epoch: an :class:`~directload.loaders.pipeline.Epoch` iterator."""
-        return Epoch(Pipeline(iter(self._dgl), self.spec, self.device, self.lookahead, self.sample_in_thread,
-                              self.overlap))
+        """A new epoch: an :class:`~directload.loaders.pipeline.Epoch` iterator, its look-ahead already sampled."""
+        if self.shuffle:
+            self.dataset.shuffle()  # what DGL's own __iter__ does first
+        source = self._source
+        pipeline = Pipeline(torch.utils.data.DataLoader.__iter__(self),
+                            start=lambda batch: start_batch(batch, source),
+                            finish=lambda started: finish_batch(started, source),
+                            announce=lambda batch: announce(batch, source), ids_of=input_ids, device=self.device,
+                            lookahead=self.lookahead, sample_in_thread=self.sample_in_thread, overlap=self.overlap)
+        epoch = Epoch(pipeline)
+        pipeline.prime()
+        return epoch

@@ -1,126 +1,256 @@
-"""Node feature sources of the loader: which tables feed which block fields, and the batched gather."""
+"""DGL batches: fill the lazy features that DGL's samplers mark, with directload's gathers where they apply.
 
-import time
+A DGL sampler marks the fields a batch needs with ``LazyFeature`` placeholders
+(``prefetch_node_feats``, ``prefetch_labels``, ``prefetch_edge_feats``, the
+``prefetch_ndata`` of subgraph samplers, an edge sampler's labels) and DGL's
+loader fills them from the graph's storages.  This module fills them the same
+way, in the same order, with one difference: node fields whose table directload
+can gather (a unified, pinned, CUDA or plain contiguous tensor, or a store) go
+through directload's kernels.  Everything else (edge fields, data attached with
+``attach_data``, tables that need autograd, dtypes the kernels do not take, GPU
+caches) is fetched by DGL's own storages, so any sampler gives DGL's batches.
+"""
+
+import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
-import torch
+os.environ.setdefault("DGLBACKEND", "pytorch")
 
-from directload.kernels import gather, gather_async
+import torch  # noqa: E402
+from dgl import EID, NID, DGLError  # noqa: E402
+from dgl.dataloading.dataloader import restore_parent_storage_columns  # noqa: E402
+from dgl.frame import LazyFeature  # noqa: E402
+from dgl.heterograph import DGLGraph  # noqa: E402
+from dgl.storages import wrap_storage  # noqa: E402
+from dgl.utils import recursive_apply, recursive_apply_pair  # noqa: E402
 
-__all__ = ["FeatureSpec", "resolve_features", "fetch_batch"]
+from directload.kernels import gather, gather_async  # noqa: E402
+
+__all__ = ["FeatureSource", "start_batch", "finish_batch", "input_ids", "announce", "can_gather"]
+
+_ELEMENT_SIZES = (1, 2, 4, 8)
 
 
-@dataclass
-class FeatureSpec:
-    """Where the loader gets each prefetched node field.
+def can_gather(table, ids, device):
+    """Whether directload's kernels serve ``table[ids]`` onto ``device`` exactly as DGL would.  Pure.
 
-    Attributes
+    Yes for a contiguous tensor of 1/2/4/8-byte elements that needs no
+    autograd (a gather carries no history, where DGL's ``index_select`` does),
+    read with CPU ids from host memory, or with CUDA ids (or for a CUDA
+    ``device``) from pinned, unified or same-device CUDA memory.
+    """
+    unified = getattr(table, "is_unified", False)
+    if not isinstance(table, torch.Tensor) or not (unified or type(table) is torch.Tensor):
+        return False
+    if table.requires_grad or table.dim() == 0 or table.element_size() not in _ELEMENT_SIZES:
+        return False
+    if not unified and not table.is_contiguous():
+        return False
+    gpu = ids.is_cuda or device.type == "cuda"
+    if table.is_cuda:
+        return gpu and table.device == (ids.device if ids.is_cuda else device)
+    if ids.is_cuda and not (unified or table.is_pinned()):
+        return False  # pageable memory: DGL's own storage raises its usual error
+    return True
+
+
+class _Gathered:
+    """The result of a fetch that is still running; DGL's code waits with ``wait()``."""
+
+    __slots__ = ("wait",)
+
+    def __init__(self, wait):
+        self.wait = wait
+
+
+class _TableStorage:
+    """A DGL-style storage (``fetch(ids, device, pin_memory)``) that gathers with directload's kernels."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def fetch(self, ids, device, pin_memory=False, **kwargs):
+        table = self.table
+        if getattr(table, "is_unified", False):
+            # The plain host view: same bytes, pinned where the unified tensor is, and no
+            # __torch_function__ dispatch on every metadata query of the gather's checks.
+            table = table.check_backing()
+        if device.type == "cuda" and (table.is_cuda or table.is_pinned()):
+            return _Gathered(gather_async(table, ids.to(device, non_blocking=True)).wait)
+        rows = gather(table, ids.cpu())  # complete on return
+        if device.type == "cuda":
+            return rows.to(device, non_blocking=True)
+        return rows
+
+
+class _StoreStorage:
+    """A directload store (``gather(ids, device)``, optionally ``prefetch(ids)``) as a DGL-style storage."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def fetch(self, ids, device, pin_memory=False, **kwargs):
+        return self.store.gather(ids, device)
+
+
+class FeatureSource:
+    """Where one loader reads each lazy feature, looked up at every batch as DGL does.
+
+    Parameters
     ----------
-    inputs : dict
-        ``name -> {ntype: table}`` for fields of ``blocks[0].srcdata``.
-    labels : dict
-        ``name -> {ntype: table}`` for fields of ``blocks[-1].dstdata``.
-    hetero : bool
-        Whether the graph has several node types (fields become per-type dicts).
-    prefetchers : list
-        Tables or stores with a ``prefetch(ids)`` hook (fed upcoming batches).
+    loader : dgl.dataloading.DataLoader
+        For its graph, device, ``pin_prefetcher`` and ``other_storages``.
+    features : dict, optional
+        ``{name: table}`` (``{name: {ntype: table}}`` on a heterogeneous graph)
+        overriding the graph's node data; a table is a tensor or a store with
+        ``gather(ids, device)`` (and optionally ``prefetch(ids)``).
     """
 
-    inputs: dict = field(default_factory=dict)
-    labels: dict = field(default_factory=dict)
-    hetero: bool = False
-    prefetchers: list = field(default_factory=list)
+    def __init__(self, loader, features=None):
+        if features is not None and not isinstance(features, Mapping):
+            raise TypeError(f"features must be a dict of name -> table, got {type(features).__name__}")
+        self.loader = loader
+        self.graph = loader.graph
+        self.features = dict(features or {})
+
+    def table(self, key, ntype):
+        """The table behind node field ``key`` of ``ntype`` now: ``features=``, else the graph's."""
+        given = self.features.get(key)
+        if isinstance(given, Mapping):
+            given = given.get(ntype)
+        if given is not None:
+            return given
+        try:
+            return self.graph.get_node_storage(key, ntype).data
+        except KeyError:
+            raise KeyError(f"node field {key!r} of type {ntype!r} is neither in features= nor in the graph's "
+                           "node data") from None
+
+    def node_storage(self, key, ntype, ids):
+        table = self.table(key, ntype)
+        if not isinstance(table, torch.Tensor) and hasattr(table, "gather"):
+            return _StoreStorage(table)
+        if can_gather(table, ids, self.loader.device):
+            return _TableStorage(table)
+        if key in self.features:
+            return wrap_storage(table)
+        return self.graph.get_node_storage(key, ntype)  # DGL's own fetch
+
+    def edge_storage(self, key, etype, ids):
+        return self.graph.get_edge_storage(key, etype)
+
+    def prefetchers(self, key, ntype):
+        """The store behind a node field if it takes ``prefetch(ids)`` hints, else None."""
+        try:
+            table = self.table(key, ntype)
+        except KeyError:
+            return None
+        return table if not isinstance(table, torch.Tensor) and hasattr(table, "prefetch") else None
 
 
-def _names_by_type(names, ntypes, graph):
-    """Normalise DGL's ``list[str] | dict[ntype, list[str]]`` to ``{name: [ntype, ...]}``."""
-    out = {}
-    if isinstance(names, Mapping):
-        for ntype, ns in names.items():
-            for n in ns:
-                out.setdefault(n, []).append(ntype)
-        return out
-    for n in names:
-        out[n] = [t for t in ntypes if n in graph.nodes[t].data] if len(ntypes) > 1 else list(ntypes)
-    return out
+class _Pending:
+    """Fetches started for one subgraph: ``{(type id, key): tensor or waitable}`` for nodes and edges.
 
-
-def resolve_features(graph, node_feats, labels, features=None):
-    """Build the :class:`FeatureSpec` for a sampler's prefetch lists.
-
-    Each field comes from ``features[name]`` when given (a table for a
-    homogeneous graph, ``{ntype: table}`` for a heterogeneous one, where types
-    left out fall back to the graph), else from ``graph.nodes[ntype].data[name]``.
-    A table is a tensor (a unified tensor for zero-copy GPU gathers) or a
-    store with ``gather(ids, device)``.
-
-    Raises
-    ------
-    KeyError
-        A requested field exists neither in ``features`` nor in the graph.
+    Not a Mapping, so DGL's ``recursive_apply`` treats it as one leaf.
     """
-    features = dict(features or {})
-    ntypes = list(graph.ntypes)
-    spec = FeatureSpec(hetero=len(ntypes) > 1)
-    for target, names in ((spec.inputs, node_feats), (spec.labels, labels)):
-        for name, types in _names_by_type(names, ntypes, graph).items():
-            given = features.get(name)
-            tables = {}
-            for t in types:
-                table = given.get(t) if isinstance(given, Mapping) else given
-                if table is None and name in graph.nodes[t].data:
-                    table = graph.nodes[t].data[name]
-                if table is None:
-                    raise KeyError(f"node field {name!r} of type {t!r} is neither in features= nor in the graph")
-                tables[t] = table
-                if hasattr(table, "prefetch") and table not in spec.prefetchers:
-                    spec.prefetchers.append(table)
-            target[name] = tables
-    return spec
+
+    __slots__ = ("node", "edge")
+
+    def __init__(self, node, edge):
+        self.node = node
+        self.edge = edge
 
 
-def _ids(nodes, ntype, hetero):
-    return nodes[ntype] if hetero else nodes
+def _lazy_columns(frames, types, id_name):
+    """``(type id, type, key, parent key, ids)`` of every LazyFeature in ``frames``, as DGL's loader finds them."""
+    for tid, frame in enumerate(frames):
+        default_id = frame.get(id_name, None)
+        for key in frame.keys():
+            column = frame._columns[key]
+            if isinstance(column, LazyFeature):
+                if column.id_ is None and default_id is None:
+                    raise DGLError("Found a LazyFeature with no ID specified, "
+                                   "and the graph does not have dgl.NID or dgl.EID columns")
+                yield tid, types[tid], key, column.name or key, column.id_ if column.id_ is not None else default_id
 
 
-def _start(table, ids, device):
-    """Start gathering ``table[ids]`` onto ``device``; returns a zero-argument finisher."""
-    if not isinstance(table, torch.Tensor):
-        out = table.gather(ids, device)  # a store
-        return lambda: out
-    if getattr(table, "is_unified", False):
-        # Its plain host view: same bytes, pinned where the unified tensor is, and no
-        # __torch_function__ dispatch on every metadata query of the gather's checks.
-        table = table.host
-    if device.type == "cuda" and (table.is_cuda or table.is_pinned()):
-        fut = gather_async(table, ids.to(device, non_blocking=True))
-        return fut.wait
-    # A CPU gather would run in wait() on this thread anyway; gather() checks the
-    # index in the kernel's own pass instead of a separate one first.
-    rows = gather(table, ids.cpu())
-    if device.type == "cuda":
-        return lambda: rows.to(device, non_blocking=True)
-    return lambda: rows
+def _start_item(item, source, device, pin):
+    if isinstance(item, DGLGraph):
+        node = {(tid, key): source.node_storage(parent, ntype, ids).fetch(ids, device, pin)
+                for tid, ntype, key, parent, ids in _lazy_columns(item._node_frames, item.ntypes, NID)}
+        edge = {(tid, key): source.edge_storage(parent, etype, ids).fetch(ids, device, pin)
+                for tid, etype, key, parent, ids in _lazy_columns(item._edge_frames, item.canonical_etypes, EID)}
+        return _Pending(node, edge)
+    if isinstance(item, LazyFeature):
+        return source.loader.other_storages[item.name].fetch(item.id_, device, pin)
+    return None
 
 
-def fetch_batch(spec, batch, device, stats):
-    """Gather every field of ``batch`` and put it where DGL's loader would.
+def _has_gpu_caches(graph):
+    caches = getattr(graph, "_gpu_caches", None) or {}
+    return any(caches.get(kind) for kind in ("node", "edge"))
 
-    ``batch`` is ``(input_nodes, output_nodes, blocks)``; fields land in
-    ``blocks[0].srcdata`` and ``blocks[-1].dstdata`` (per node type on a
-    heterogeneous graph).  ``stats["gather_s"]`` grows by the time spent.
-    """
-    t0 = time.perf_counter()
-    input_nodes, output_nodes, blocks = batch
-    pending = []
-    for fields, nodes, block, side in ((spec.inputs, input_nodes, blocks[0], "src"),
-                                       (spec.labels, output_nodes, blocks[-1], "dst")):
-        for name, tables in fields.items():
-            for ntype, table in tables.items():
-                pending.append((block, side, name, ntype, _start(table, _ids(nodes, ntype, spec.hetero), device)))
-    for block, side, name, ntype, finish in pending:
-        value = finish()
-        data = block.srcnodes[ntype].data if side == "src" else block.dstnodes[ntype].data
-        data[name] = value
-    stats["gather_s"] += time.perf_counter() - t0
+
+def start_batch(batch, source):
+    """Start fetching every lazy feature of a sampled batch; returns what :func:`finish_batch` needs."""
+    batch = recursive_apply(batch, restore_parent_storage_columns, source.graph)  # batches from workers
+    loader = source.loader
+    if _has_gpu_caches(source.graph):
+        return batch, None  # DGL's GPU caches (gpu_cache=): DGL's own prefetch, in finish_batch
+    return batch, recursive_apply(batch, _start_item, source, loader.device, bool(loader.pin_prefetcher))
+
+
+def _wait(x):
+    if isinstance(x, _Pending):
+        return _Pending({k: _wait(v) for k, v in x.node.items()}, {k: _wait(v) for k, v in x.edge.items()})
+    return x.wait() if hasattr(x, "wait") else x
+
+
+def _assign(item, feats):
+    if isinstance(item, DGLGraph):
+        for (tid, key), value in feats.node.items():
+            item._node_frames[tid][key] = value
+        for (tid, key), value in feats.edge.items():
+            item._edge_frames[tid][key] = value
+        return item
+    if isinstance(item, LazyFeature):
+        return feats
+    return item
+
+
+def finish_batch(started, source):
+    """Wait for the fetches, move the batch to the loader's device as DGL does, and put the features in place."""
+    batch, pending = started
+    device = source.loader.device
+    if pending is None:
+        from dgl.dataloading.dataloader import _assign_for, _prefetch
+
+        batch, feats, _ = _prefetch(batch, source.loader, None)
+        return recursive_apply_pair(batch, feats, _assign_for)
+    feats = recursive_apply(pending, _wait)
+    batch = recursive_apply(batch, lambda x: x.to(device, non_blocking=True))
+    return recursive_apply_pair(batch, feats, _assign)
+
+
+def input_ids(batch):
+    """The ids a batch reads features for, as ``upcoming()`` lists them: a node- or edge-wise
+    batch's ``input_nodes`` (its first item), or a subgraph's ``dgl.NID``."""
+    first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
+    if isinstance(first, (torch.Tensor, Mapping)):
+        return first
+    if isinstance(first, DGLGraph):
+        return first.ndata[NID] if NID in first.ndata else None
+    return None
+
+
+def announce(batch, source):
+    """Tell every store behind a lazy node field which ids this batch will read from it."""
+    def visit(item):
+        if isinstance(item, DGLGraph):
+            for _, ntype, _, parent, ids in _lazy_columns(item._node_frames, item.ntypes, NID):
+                store = source.prefetchers(parent, ntype)
+                if store is not None:
+                    store.prefetch(ids)
+        return item
+
+    recursive_apply(batch, visit)

@@ -1,4 +1,10 @@
-"""The loader's pipeline: sample ahead, gather the next batch while the current one trains, shut down cleanly."""
+"""The loaders' pipeline: sample ahead, gather the next batch while the current one trains, never hang.
+
+Framework-neutral: a loader hands it an iterator of sampled batches and three
+functions (announce a batch's ids, start its feature fetches, finish them), so
+the same machinery serves any sampler that yields tuples, lists, dicts,
+tensors or graph objects with ``to(device)``.
+"""
 
 import atexit
 import contextlib
@@ -7,15 +13,18 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Mapping
 
 import torch
 
-from .features import fetch_batch
-
-__all__ = ["Pipeline", "Epoch"]
+__all__ = ["Pipeline", "Epoch", "PipelineError"]
 
 _DONE = object()
 _live = weakref.WeakSet()
+
+
+class PipelineError(RuntimeError):
+    """A pipeline thread ended without handing over a batch, an end or an error (never expected)."""
 
 
 class _Failure:
@@ -35,49 +44,69 @@ def _close_all():
 class Pipeline:
     """The machinery of one epoch of batches (the caller sees it through :class:`Epoch`).
 
-    Stage 1 (sampling) pulls batches from DGL's iterator up to ``lookahead``
+    Stage 1 (sampling) pulls batches from ``batches`` up to ``lookahead``
     ahead: on a background thread when ``sample_in_thread``, else on the
-    caller's thread inside ``__next__``.  Each sampled batch's input ids are
-    announced to the stores' ``prefetch`` hooks and listed by
-    :meth:`upcoming`.  Stage 2 gathers a batch's features: with ``overlap``, on
-    a background thread (and its own CUDA stream for a CUDA ``device``) while
-    the caller trains on the previous batch; without, in ``__next__``.
+    caller's thread (at :meth:`prime` and inside ``__next__``).  Each sampled
+    batch is passed to ``announce`` (stores' ``prefetch`` hooks) and its ids,
+    from ``ids_of``, are listed by :meth:`upcoming`.  Stage 2 runs
+    ``finish(start(batch))``, which fetches the batch's features and moves it
+    to ``device``: with ``overlap``, on a background thread (and its own CUDA
+    stream for a CUDA ``device``) while the caller trains on the previous
+    batch; without, in ``__next__``.
 
-    Breaking out of the loop, an exception in a stage (re-raised in the caller
-    with its traceback) or interpreter exit closes the pipeline: threads stop,
+    Every thread hands the consumer either batches, the end, or the exception
+    that stopped it (raised in the caller with its traceback); a thread that
+    dies without doing so is noticed and reported too.  Breaking out of the
+    loop, an exception, or interpreter exit closes the pipeline: threads stop,
     queues drain, and nothing hangs.
     """
 
     POLL = 0.1  # seconds between checks of the stop flag while blocked
 
-    def __init__(self, dgl_iter, spec, device, lookahead, sample_in_thread, overlap):
-        self._it = dgl_iter
-        self._spec = spec
+    def __init__(self, batches, *, start, finish, device, lookahead, sample_in_thread, overlap, announce=None,
+                 ids_of=None):
+        self._it = batches
+        self._start_fetch = start
+        self._finish_fetch = finish
+        self._announce = announce
+        self._ids_of = ids_of or (lambda batch: None)
         self._device = torch.device(device)
         self._lookahead = lookahead
         self._stop = threading.Event()
-        # Sampling on a thread is held back by a bounded queue; sampling on the caller
-        # is bounded in __next__ instead, and its queue must never block the caller.
-        self._sampled = queue.Queue(maxsize=lookahead if sample_in_thread else 0)
+        # At most `lookahead` batches are sampled and not yet handed out: the sampler thread
+        # takes a slot before each batch and __next__ gives one back; on the caller, __next__
+        # keeps the count itself.  So the queue never blocks.
+        self._sampled = queue.Queue()
+        self._slots = threading.Semaphore(lookahead)
         self._ready = queue.Queue(maxsize=1)
         self._upcoming = deque()
-        self._lock = threading.Lock()
+        self._changed = threading.Condition()
         self._exhausted = False
         self.stats = {"sample_s": 0.0, "gather_s": 0.0, "wait_s": 0.0, "batches": 0}
-        self._threads = []
-        if sample_in_thread:
-            self._spawn(self._sample_loop, "directload-sampler")
         self._sample_in_thread = sample_in_thread
         self._overlap = overlap
+        self._sampler = self._gatherer = None
+        if sample_in_thread:
+            self._sampler = self._spawn(self._sample_loop, "sampler", self._sampled)
         if overlap:
-            self._spawn(self._gather_loop, "directload-gather")
+            self._gatherer = self._spawn(self._gather_loop, "feature gather", self._ready)
         _live.add(self)
 
-    # -- stages -------------------------------------------------------------------
-    def _spawn(self, fn, name):
-        t = threading.Thread(target=fn, name=name, daemon=True)
+    # -- threads ------------------------------------------------------------------
+    def _spawn(self, body, role, out_queue):
+        """Start ``body`` on a thread whose every exception, from its first line on, reaches the consumer."""
+        def run():
+            try:
+                body()
+            except BaseException as exc:  # carried to the caller, traceback intact
+                self._put(out_queue, _Failure(exc, role))
+            finally:
+                with self._changed:
+                    self._changed.notify_all()
+
+        t = threading.Thread(target=run, name=f"directload-{role.replace(' ', '-')}", daemon=True)
         t.start()
-        self._threads.append(t)
+        return t
 
     def _put(self, q, item):
         while not self._stop.is_set():
@@ -88,14 +117,23 @@ class Pipeline:
                 continue
         return False
 
-    def _get(self, q):
+    def _get(self, q, producer):
+        """The next item of ``q``; ``_DONE`` once stopped.  Raises :class:`PipelineError` if
+        ``producer`` (a thread, or None for the caller) died without a word."""
         while True:
             try:
                 return q.get(timeout=self.POLL)
             except queue.Empty:
                 if self._stop.is_set():
                     return _DONE
+                if producer is not None and not producer.is_alive():
+                    try:
+                        return q.get_nowait()
+                    except queue.Empty:
+                        raise PipelineError(f"directload's {producer.name} thread ended without a batch, "
+                                            "an end or an error") from None
 
+    # -- stage 1 ------------------------------------------------------------------
     def _sample_one(self):
         """Sample one batch into stage 2's queue; False when the epoch is over."""
         t0 = time.perf_counter()
@@ -104,50 +142,66 @@ class Pipeline:
         except StopIteration:
             self._exhausted = True
             self._put(self._sampled, _DONE)
+            with self._changed:
+                self._changed.notify_all()
             return False
         self.stats["sample_s"] += time.perf_counter() - t0
-        with self._lock:
-            self._upcoming.append(batch[0])
-        for store in self._spec.prefetchers:
-            store.prefetch(batch[0])
+        if self._announce is not None:
+            self._announce(batch)
+        with self._changed:
+            self._upcoming.append(self._ids_of(batch))
+            self._changed.notify_all()
         return self._put(self._sampled, batch)
 
     def _sample_loop(self):
-        try:
-            while not self._stop.is_set() and self._sample_one():
-                pass
-        except BaseException as exc:  # carried to the caller, traceback intact
-            self._put(self._sampled, _Failure(exc, "sampler"))
+        while not self._stop.is_set():
+            if self._slots.acquire(timeout=self.POLL) and not self._sample_one():
+                return
 
+    def _sample_on_caller(self, target):
+        """Sample on this thread until ``target`` batches are ahead; a failure waits its turn in the queue."""
+        while not self._exhausted and len(self._upcoming) < target:
+            try:
+                self._sample_one()
+            except Exception as exc:  # raised in order, after the batches before it
+                self._exhausted = True
+                self._put(self._sampled, _Failure(exc, None))
+
+    def prime(self):
+        """Sample the first ``lookahead`` batches (or wait until the sampler thread has), so
+        :meth:`upcoming` is filled before the first batch is taken."""
+        if not self._sample_in_thread:
+            self._sample_on_caller(self._lookahead)
+            return
+        with self._changed:
+            while (len(self._upcoming) < self._lookahead and not self._exhausted and not self._stop.is_set()
+                   and self._sampler.is_alive()):
+                self._changed.wait(self.POLL)
+
+    # -- stage 2 ------------------------------------------------------------------
     def _assemble(self, batch, stream):
-        """Move a sampled batch to the device and gather its fields (on ``stream`` for CUDA)."""
+        """Fetch a sampled batch's features and move it to the device (on ``stream`` for CUDA)."""
+        t0 = time.perf_counter()
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            input_nodes, output_nodes, blocks = batch
-            if self._device.type == "cuda":
-                blocks = [b.to(self._device, non_blocking=True) for b in blocks]
-                input_nodes = _to(input_nodes, self._device)
-                output_nodes = _to(output_nodes, self._device)
-            batch = (input_nodes, output_nodes, blocks)
-            fetch_batch(self._spec, batch, self._device, self.stats)
-            return batch, (stream.record_event() if stream is not None else None)
+            batch = self._finish_fetch(self._start_fetch(batch))
+            event = stream.record_event() if stream is not None else None
+        self.stats["gather_s"] += time.perf_counter() - t0
+        return batch, event
 
     def _gather_loop(self):
         stream = torch.cuda.Stream(self._device) if self._device.type == "cuda" else None
-        try:
-            while True:
-                batch = self._get(self._sampled)
-                if batch is _DONE or isinstance(batch, _Failure):
-                    self._put(self._ready, batch)
-                    return
-                if not self._put(self._ready, self._assemble(batch, stream)):
-                    return
-        except BaseException as exc:  # carried to the caller, traceback intact
-            self._put(self._ready, _Failure(exc, "feature gather"))
+        while True:
+            batch = self._get(self._sampled, self._sampler)
+            if batch is _DONE or isinstance(batch, _Failure):
+                self._put(self._ready, batch)
+                return
+            if not self._put(self._ready, self._assemble(batch, stream)):
+                return
 
     # -- consumer -----------------------------------------------------------------
     def upcoming(self):
-        """Input node ids of the batches sampled but not yet handed out, oldest first."""
-        with self._lock:
+        """Ids of the batches sampled but not yet handed out, oldest first."""
+        with self._changed:
             return list(self._upcoming)
 
     def __iter__(self):
@@ -159,19 +213,18 @@ class Pipeline:
         if not self._sample_in_thread:
             # Keep `lookahead` batches sampled ahead, on this thread (DGL's RNG streams
             # are per thread, so this keeps batches identical to DGL's own loader).
-            while not self._exhausted and len(self._upcoming) <= self._lookahead:
-                try:
-                    self._sample_one()
-                except Exception as exc:  # raised in order, after the batches before it
-                    self._exhausted = True
-                    self._put(self._sampled, _Failure(exc, None))
+            self._sample_on_caller(self._lookahead + 1)
         t0 = time.perf_counter()
-        if self._overlap:
-            item = self._get(self._ready)
-        else:
-            item = self._get(self._sampled)
-            if item is not _DONE and not isinstance(item, _Failure):
-                item = self._assemble(item, None)
+        try:
+            if self._overlap:
+                item = self._get(self._ready, self._gatherer)
+            else:
+                item = self._get(self._sampled, self._sampler)
+                if item is not _DONE and not isinstance(item, _Failure):
+                    item = self._assemble(item, None)
+        except BaseException:
+            self.close()
+            raise
         self.stats["wait_s"] += time.perf_counter() - t0
         if item is _DONE:
             self.close()
@@ -186,15 +239,18 @@ class Pipeline:
             current = torch.cuda.current_stream(self._device)
             current.wait_event(event)
             _record_stream(batch, current)
-        with self._lock:
+        with self._changed:
             if self._upcoming:
                 self._upcoming.popleft()
+        if self._sample_in_thread:
+            self._slots.release()
         self.stats["batches"] += 1
         return batch
 
     def close(self):
         """Stop both stages and join their threads (idempotent, never blocks for long)."""
-        if self._stop.is_set() and not any(t.is_alive() for t in self._threads):
+        threads = [t for t in (self._sampler, self._gatherer) if t is not None]
+        if self._stop.is_set() and not any(t.is_alive() for t in threads):
             return
         self._stop.set()
         for q in (self._sampled, self._ready):
@@ -204,16 +260,18 @@ class Pipeline:
                 except queue.Empty:
                     break
         me = threading.current_thread()
-        for t in self._threads:
+        for t in threads:
             if t is not me:
                 t.join(timeout=10 * self.POLL + 5)
         _live.discard(self)
 
 
 class Epoch:
-    """The iterator a :class:`~directload.loaders.DataLoader` gives for one epoch.
+    """The iterator a loader gives for one epoch.
 
-    Yields ``(input_nodes, output_nodes, blocks)`` like DGL's.  Dropping it
+    Yields the sampler's batches with their features in place, as the
+    framework's own loader does.  :meth:`upcoming` lists the ids of the
+    batches sampled ahead, from the moment the iterator exists.  Dropping it
     (``break`` out of the loop) closes its pipeline; ``close()`` does so
     explicitly.  ``stats`` has the seconds spent sampling (``sample_s``),
     gathering (``gather_s``) and waiting in ``__next__`` (``wait_s``).
@@ -229,7 +287,7 @@ class Epoch:
         return next(self._p)
 
     def upcoming(self):
-        """Input node ids of the batches sampled ahead but not yet yielded, oldest first."""
+        """Ids of the batches sampled ahead but not yet yielded, oldest first."""
         return self._p.upcoming()
 
     @property
@@ -246,16 +304,12 @@ class Epoch:
 
 def _record_stream(batch, stream):
     """Tell the caching allocator that tensors made on the side stream are used on ``stream``."""
-    input_nodes, output_nodes, blocks = batch
-    for ids in (input_nodes, output_nodes):
-        for t in ids.values() if isinstance(ids, dict) else (ids,):
-            t.record_stream(stream)
-    for block in blocks:
-        block.record_stream(stream)  # structure and every frame column, gathered fields included
-
-
-def _to(x, device):
-    if isinstance(x, dict):
-        return {k: v.to(device, non_blocking=True) for k, v in x.items()}
-    return x.to(device, non_blocking=True)
-
+    if isinstance(batch, Mapping):
+        for v in batch.values():
+            _record_stream(v, stream)
+    elif isinstance(batch, (tuple, list)):
+        for v in batch:
+            _record_stream(v, stream)
+    elif hasattr(batch, "record_stream"):
+        if not isinstance(batch, torch.Tensor) or batch.is_cuda:
+            batch.record_stream(stream)  # a DGL graph records its structure and every frame column

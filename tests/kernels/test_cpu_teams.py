@@ -1,5 +1,8 @@
 """The CPU kernels on each way of running them: serial, torch's OpenMP team, Numba's team."""
 
+import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -241,3 +244,52 @@ def test_torch_team_gathers_run_on_torchs_own_threads():
     res = subprocess.run([sys.executable, "-c", _SHARED_TEAM_PROBE], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["torch", "2", "True", "False"]
+
+
+_FORK_WHILE_COMPILING = """
+import os, sys, threading, time
+import torch
+from numba.core.compiler_lock import global_compiler_lock
+from directload.kernels import gather, gather_async
+
+held = threading.Event()
+
+def compiling():  # a thread in the middle of its first gather's compile
+    with global_compiler_lock:
+        held.set()
+        time.sleep(1.0)
+
+{warm}
+t = threading.Thread(target=compiling)
+t.start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    src = torch.arange(4000.0).reshape(1000, 4)
+    ok = torch.equal(gather(src, torch.tensor([3, 999])), src[[3, 999]])
+    ok = ok and torch.equal(gather_async(src, torch.tensor([7]), background=True).wait(), src[[7]])
+    os._exit(0 if ok else 3)
+t.join()
+deadline = time.time() + 120
+while True:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print("child", os.waitstatus_to_exitcode(status))
+        break
+    if time.time() > deadline:
+        os.kill(pid, 9)
+        print("child hung")
+        break
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["first-gather-in-child", "parent-gathered-before"])
+def test_fork_while_another_thread_compiles_does_not_hang_the_child(tmp_path, warm):
+    # Before: the child blocked forever on Numba's compiler lock, held at fork() by the other thread.
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))  # nothing cached: the child must compile
+    warm_code = ("gather_async(torch.zeros(10, 2), torch.tensor([1]), background=True).wait()\n"
+                 "gather(torch.zeros(10, 2), torch.tensor([1]))") if warm else ""
+    proc = subprocess.run([sys.executable, "-c", _FORK_WHILE_COMPILING.format(warm=warm_code)], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0 and "child 0" in proc.stdout, (proc.stdout, proc.stderr[-2000:])

@@ -33,7 +33,7 @@ def test_aligned_plan_copies_every_element_exactly_once(elem, rng):
 
 def test_wrap_only_when_the_tail_fits_the_idle_head():
     # With n = 32q + m units and `first` idle head lanes, the tail wraps iff first + m > 32.
-    # 2052-byte rows (seed 002, Fig. 4.7; m = 1) never need it: the plain shift is enough.
+    # 2052-byte rows (PyTorch-Direct paper, Fig. 4.7; m = 1) never need it: the plain shift is enough.
     for off in range(0, 128, 4):
         assert aligned_geometry(off, 2052, 4, WARP, LINE)[4] == 0
     # 400-byte rows (ogbn-products) 120 bytes into a line: 30 idle lanes take the 2-unit tail.

@@ -1,0 +1,162 @@
+"""The loader never hangs and never crashes the process: bad devices, bad seeds, bad sizes, dying threads."""
+
+import threading
+
+import dgl
+import pytest
+import torch
+
+from directload.capabilities import NoDeviceError
+from directload.loaders import DataLoader
+from directload.loaders.pipeline import Pipeline, PipelineError
+
+
+@pytest.fixture
+def graph():
+    g = dgl.rand_graph(300, 2000)
+    g.ndata["feat"] = torch.randn(300, 8)
+    g.ndata["label"] = torch.randint(0, 3, (300,))
+    return g
+
+
+@pytest.fixture
+def sampler():
+    return dgl.dataloading.NeighborSampler([3, 3], prefetch_node_feats=["feat"], prefetch_labels=["label"])
+
+
+def within(seconds, fn):
+    """``fn()``'s result or exception, or a test failure if it has not returned after ``seconds``."""
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed back below
+            box["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"still running after {seconds} s: a hang"
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", torch.device("cuda")])
+def test_cuda_device_without_cuda_is_refused_at_once(graph, sampler, device):
+    # Before: the README's snippet hung forever here (the gather thread died before its try).
+    with pytest.raises(NoDeviceError, match="no usable CUDA device"):
+        within(10, lambda: DataLoader(graph, torch.arange(10), sampler, device=device))
+
+
+@pytest.mark.parametrize("device", ["tpu", "meta", "banana", 3.5])
+def test_devices_that_are_not_cpu_or_cuda_are_refused(graph, sampler, device):
+    with pytest.raises(ValueError, match="device"):
+        DataLoader(graph, torch.arange(10), sampler, device=device)
+
+
+def _pipeline(overlap, sample_in_thread, device="cpu", batches=None):
+    batches = iter(batches if batches is not None else [1, 2, 3])
+    return Pipeline(batches, start=lambda b: b, finish=lambda b: b, device=device, lookahead=2,
+                    sample_in_thread=sample_in_thread, overlap=overlap)
+
+
+def test_a_gather_thread_that_fails_creating_its_stream_reports_it(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no CUDA stream here")
+
+    monkeypatch.setattr(torch.cuda, "Stream", broken)
+    p = _pipeline(overlap=True, sample_in_thread=False, device="cuda")
+    with pytest.raises(RuntimeError, match="no CUDA stream here") as info:
+        within(10, lambda: next(p))
+    assert "feature gather thread" in "".join(getattr(info.value, "__notes__", []))
+
+
+@pytest.mark.parametrize("role", ["_sample_loop", "_gather_loop"])
+def test_each_thread_failing_at_its_first_line_reaches_the_consumer(monkeypatch, role):
+    def fail(self):
+        raise OSError(f"{role} failed at its first line")
+
+    monkeypatch.setattr(Pipeline, role, fail)
+    p = _pipeline(overlap=True, sample_in_thread=True)
+    with pytest.raises(OSError, match="failed at its first line"):
+        within(10, lambda: next(p))
+    p.close()
+
+
+@pytest.mark.parametrize("role", ["_sample_loop", "_gather_loop"])
+def test_a_thread_that_ends_without_a_word_is_noticed(monkeypatch, role):
+    monkeypatch.setattr(Pipeline, role, lambda self: None)
+    p = _pipeline(overlap=True, sample_in_thread=True)
+    with pytest.raises(PipelineError, match="ended without a batch, an end or an error"):
+        within(10, lambda: next(p))
+
+
+def test_a_failing_fetch_on_the_caller_closes_the_pipeline():
+    def finish(batch):
+        raise ValueError("fetch failed")
+
+    p = Pipeline(iter([1, 2]), start=lambda b: b, finish=finish, device="cpu", lookahead=1, sample_in_thread=True,
+                 overlap=False)
+    with pytest.raises(ValueError, match="fetch failed"):
+        within(10, lambda: next(p))
+    assert p._stop.is_set()
+
+
+@pytest.mark.parametrize("bad", [300, -1, 2**40, -(2**40)])
+def test_seed_nodes_outside_the_graph_raise_index_error(graph, sampler, bad):
+    # Before: N or -1 aborted the process with c10::Error, 2**40 crashed it (SIGSEGV), while sampling.
+    with pytest.raises(IndexError, match=f"seed node id {bad} is outside the graph's 300 nodes"):
+        DataLoader(graph, torch.tensor([0, bad, 5]), sampler)
+
+
+def test_seed_ids_are_checked_per_type_and_for_edges():
+    g = dgl.heterograph({("a", "ab", "b"): (torch.tensor([0, 1]), torch.tensor([1, 2]))})
+    s = dgl.dataloading.NeighborSampler([2])
+    with pytest.raises(IndexError, match="seed node id 3 of type 'b' is outside the graph's 3 nodes"):
+        DataLoader(g, {"a": torch.tensor([0]), "b": torch.tensor([3])}, s)
+    with pytest.raises(KeyError, match="not a node type"):
+        DataLoader(g, {"c": torch.tensor([0])}, s)
+    with pytest.raises(TypeError, match="several node types"):
+        DataLoader(g, torch.tensor([0]), s)
+    plain = dgl.rand_graph(50, 100)
+    edge_sampler = dgl.dataloading.as_edge_prediction_sampler(s)
+    with pytest.raises(IndexError, match="seed edge id 100 is outside the graph's 100 edges"):
+        DataLoader(plain, torch.tensor([99, 100]), edge_sampler)
+    DataLoader(plain, torch.arange(100), edge_sampler)  # every edge is fine
+
+
+@pytest.mark.parametrize("ids,match", [(torch.tensor([0.0, 1.0]), "integers"),
+                                       (torch.ones(300, dtype=torch.bool), "boolean mask")])
+def test_seed_ids_must_be_integers(graph, sampler, ids, match):
+    with pytest.raises(TypeError, match=match):
+        DataLoader(graph, ids, sampler)
+
+
+def test_seeds_that_are_not_node_ids_are_left_alone(graph):
+    # SAINT's seeds count iterations; there may be more of them than nodes.
+    saint = dgl.dataloading.SAINTSampler("node", 50, prefetch_ndata=["feat"])
+    assert len(list(DataLoader(graph, torch.arange(600), saint, batch_size=200))) == 3
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, None, "8"])
+def test_batch_size_must_be_a_positive_integer(graph, sampler, bad):
+    # Before: 0 or a negative size yielded empty batches forever.
+    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+        DataLoader(graph, torch.arange(10), sampler, batch_size=bad)
+
+
+@pytest.mark.parametrize("in_thread", [False, True])
+@pytest.mark.parametrize("n_ids,lookahead,want", [(300, 3, 3), (40, 4, 2)])
+def test_upcoming_is_filled_at_iter(graph, sampler, in_thread, n_ids, lookahead, want):
+    # Before: upcoming() was empty until the first next().
+    loader = DataLoader(graph, torch.arange(n_ids), sampler, batch_size=20, lookahead=lookahead,
+                        sample_in_thread=in_thread)
+    it = within(30, lambda: iter(loader))
+    ahead = it.upcoming()
+    assert len(ahead) == want
+    first = next(it)
+    assert torch.equal(first[0], ahead[0])
+    it.close()
