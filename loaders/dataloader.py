@@ -9,7 +9,7 @@ import dgl  # noqa: E402
 import torch  # noqa: E402
 from dgl.dataloading.dataloader import CollateWrapper  # noqa: E402
 
-from directload.capabilities import usable_device  # noqa: E402
+from directload.capabilities import NoDeviceError, usable_device  # noqa: E402
 
 from .features import FeatureSource, announce, finish_batch, input_ids, start_batch  # noqa: E402
 from .pipeline import Epoch, Pipeline  # noqa: E402
@@ -179,6 +179,9 @@ use_prefetch_thread, use_alternate_streams, pin_prefetcher, use_uva, **kwargs
         if not isinstance(kwargs.get("collate_fn"), CollateWrapper):  # else: Lightning rebuilding a loader
             if device is not None:
                 usable_device(device)  # DGL would hang or fail later on a device this machine lacks
+            if use_uva and not torch.cuda.is_available():
+                raise NoDeviceError("use_uva=True samples on a GPU, but this machine has no usable CUDA device; "
+                                    "leave use_uva off")
             _check_batch_size(batch_size)
             if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1:
                 raise ValueError(f"lookahead must be a positive integer, got {lookahead!r}")

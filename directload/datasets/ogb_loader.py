@@ -72,6 +72,7 @@ def ogb_meta_dict(path, num_classes):
 
 def _ogb_dataset(root, name, path, quiet):
     os.environ.setdefault("OUTDATED_IGNORE", "1")  # ogb would ask the network for its latest version
+    os.environ.setdefault("DGLBACKEND", "pytorch")
     from ogb.nodeproppred import DglNodePropPredDataset
 
     meta_file = path / META_FILE

@@ -51,6 +51,12 @@ def test_cuda_device_without_cuda_is_refused_at_once(graph, sampler, device):
         within(10, lambda: DataLoader(graph, torch.arange(10), sampler, device=device))
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_uva_sampling_without_cuda_is_refused_at_once(graph, sampler):
+    with pytest.raises(NoDeviceError, match="use_uva=True"):
+        within(10, lambda: DataLoader(graph, torch.arange(10), sampler, use_uva=True))
+
+
 @pytest.mark.parametrize("device", ["tpu", "meta", "banana", 3.5])
 def test_devices_that_are_not_cpu_or_cuda_are_refused(graph, sampler, device):
     with pytest.raises(ValueError, match="device"):

@@ -1,0 +1,62 @@
+"""The reports' plots show what they claim: every line visible, readable axes, nothing drawn over the text."""
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    """Figures that the code under test saves, kept open instead of written."""
+    sys.path.insert(0, str(BENCH))
+    figures = []
+    common = importlib.import_module("_common")
+    monkeypatch.setattr(common, "save_figure", lambda fig, path: figures.append(fig))
+    yield figures
+    sys.path.remove(str(BENCH))
+
+
+def test_alignment_plot_shows_the_aligned_line_over_the_minimum(captured, monkeypatch):
+    sweep = importlib.import_module("alignment_sweep")
+    monkeypatch.setattr(sweep, "save_figure", lambda fig, path: captured.append(fig))
+    results = [{"row_bytes": b, "req_naive": 32.0, "req_paper": 18.0, "req_aligned": 17.0, "req_min": 17.0}
+               for b in range(2048, 2080, 4)]
+    sweep._plot(results, None, on_gpu=False)
+    lines = {line.get_label(): line for line in captured[0].axes[0].get_lines()}
+    ours = next(v for k, v in lines.items() if k.startswith("directload aligned"))
+    floor = lines["minimum (lines spanned)"]
+    assert list(ours.get_ydata()) == list(floor.get_ydata())  # the same values...
+    assert ours.get_marker() not in ("None", None, "") and ours.get_linestyle() != floor.get_linestyle()
+    assert ours.get_zorder() >= floor.get_zorder() and floor.get_linewidth() > ours.get_linewidth()  # ...both seen
+
+
+def test_unified_gather_plot_has_a_log_axis(captured):
+    unified = importlib.import_module("unified_gather")
+    results = [{"count": c, "row_bytes": 400, "unified_gbps": g, "index_select_gbps": g / 3} for c, g in
+               ((1024, 0.2), (262144, 20.0))]
+    unified._plot(results, None)
+    assert captured[0].axes[0].get_yscale() == "log"
+
+
+def test_training_plot_keeps_its_legend_off_the_bars_and_names_the_accuracy(monkeypatch):
+    from directload import experiments
+
+    figures = []
+    monkeypatch.setattr(experiments, "save_figure", lambda fig, path: figures.append(fig))
+    summary = [{"model": "sage", "loader": name, "sample_s": 0.5, "gather_s": 0.3, "train_s": 1.0, "epoch_s": 1.9,
+                "test_acc_pct": 71.5, "first_epoch_left_out": True} for name in ("dgl", "directload")]
+    experiments._plot(summary, None, {"dataset": "synth-tiny", "device": "cpu"})
+    fig = figures[0]
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legend = ax.get_legend().get_window_extent(renderer)
+    for text in ax.texts:
+        assert "test acc" in text.get_text()
+        assert not legend.overlaps(text.get_window_extent(renderer))
+    assert not legend.overlaps(ax.get_window_extent(renderer))  # below the axes, not over bars or labels
+    assert "steady epoch" in ax.get_ylabel()
