@@ -29,12 +29,14 @@ def test_import_touches_no_gpu_and_compiles_nothing():
             "assert 'cupy' not in sys.modules, 'cupy imported'; "
             "assert not torch.cuda.is_initialized(), 'CUDA initialised'; "
             "assert 'directload.kernels.numba_cuda' not in sys.modules; print('clean')")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                         encoding="utf-8", errors="replace", check=True)
     assert out.stdout.strip() == "clean"
 
 
 def test_info_command_prints_json():
-    out = subprocess.run([sys.executable, "-m", "directload", "info", "--json"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "directload", "info", "--json"], capture_output=True,
+                         encoding="utf-8", errors="replace",
                          check=True)
     data = json.loads(out.stdout)
     assert set(data) >= {"cuda", "cupy", "nvrtc", "cudasim", "io_uring", "host_memory"}

@@ -106,7 +106,7 @@ def test_debug_shows_the_traceback(tmp_path):
 
 def test_info_into_a_closed_pipe_ends_quietly():
     proc = subprocess.run(f"{sys.executable} -m directload info | head -n 1", shell=True, capture_output=True,
-                          text=True, timeout=120)
+                          encoding="utf-8", errors="replace", timeout=120)
     assert proc.returncode == 0 and proc.stdout.count("\n") == 1
     assert "BrokenPipeError" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
 
@@ -126,7 +126,7 @@ def test_every_option_has_help_and_no_markup():
         for text in (action.help or "", parser.description or ""):
             assert "``" not in text and ":func:" not in text and "seed 002" not in text, text
     text = subprocess.run([sys.executable, "-m", "directload", "train", "--help"], capture_output=True,
-                          text=True).stdout
+                          encoding="utf-8", errors="replace").stdout
     assert "(default: 1024)" in text and "(default: sage)" in text and "GAT" in text
 
 

@@ -17,5 +17,6 @@ def test_the_readme_has_snippets():
 
 @pytest.mark.parametrize("code", SNIPPETS, ids=[f"snippet{i}" for i in range(len(SNIPPETS))])
 def test_snippet_runs_as_written(code, tmp_path):
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          encoding="utf-8", errors="replace", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -241,7 +241,8 @@ def test_torch_team_gathers_run_on_torchs_own_threads():
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, "-c", _SHARED_TEAM_PROBE], capture_output=True, text=True, timeout=300)
+    res = subprocess.run([sys.executable, "-c", _SHARED_TEAM_PROBE], capture_output=True,
+                         encoding="utf-8", errors="replace", timeout=300)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["torch", "2", "True", "False"]
 
@@ -291,5 +292,5 @@ def test_fork_while_another_thread_compiles_does_not_hang_the_child(tmp_path, wa
     warm_code = ("gather_async(torch.zeros(10, 2), torch.tensor([1]), background=True).wait()\n"
                  "gather(torch.zeros(10, 2), torch.tensor([1]))") if warm else ""
     proc = subprocess.run([sys.executable, "-c", _FORK_WHILE_COMPILING.format(warm=warm_code)], capture_output=True,
-                          text=True, timeout=300, env=env)
+                          encoding="utf-8", errors="replace", timeout=300, env=env)
     assert proc.returncode == 0 and "child 0" in proc.stdout, (proc.stdout, proc.stderr[-2000:])

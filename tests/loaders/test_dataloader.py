@@ -191,7 +191,8 @@ it = iter(DataLoader(g, torch.arange(500), s, batch_size=4, sample_in_thread=Tru
 next(it); next(it)
 print("leaving")
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                          encoding="utf-8", errors="replace", timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "leaving" in proc.stdout
 

@@ -15,7 +15,8 @@ from directload import ClosedError, CorruptFileError
 
 def _run_isolated(code, timeout=120):
     """Run ``code`` in a fresh interpreter: a use-after-free or SIGBUS must not take the test run down."""
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          encoding="utf-8", errors="replace",
                           timeout=timeout)
 
 
