@@ -225,8 +225,9 @@ def build_parser():
 
     p = command(sub, "train", "train GraphSAGE or GAT with DGL's loader and directload's, side by side")
     p.add_argument("--model", choices=["sage", "gat", "both"], default="sage",
-                   help="GraphSAGE (mean) or GAT (4 heads).  On 2 CPU cores a synth-small epoch takes about 2 s "
-                        "with GraphSAGE and about 8 s with GAT, whose attention dominates")
+                   help="GraphSAGE (mean) or GAT (4 heads).  On 2 CPU cores a synth-small training epoch takes "
+                        "about 3.5 s with GraphSAGE and about 16 s with GAT, whose attention dominates (measured; "
+                        "evaluation comes on top)")
     p.add_argument("--loader", choices=["dgl", "directload", "both"], default="both",
                    help="which loader(s) to train with; both runs them interleaved and compares them")
     p.add_argument("--seeds", type=_positive_int, default=1, help="runs per (model, loader), seeds 0..N-1")
