@@ -23,7 +23,7 @@ def main(argv=None):
     add_train_arguments(p)
     p.set_defaults(epochs=2)
     args = p.parse_args(argv)
-    loaders = ["dgl", "directload"]
+    loaders = [args.framework, "directload"]
     return run_training(args, args.models, loaders, range(args.seeds),
                         report_name("loader_e2e", args.dataset, args.models, loaders))
 

@@ -4,7 +4,7 @@ import functools
 import os
 from dataclasses import asdict, dataclass
 
-__all__ = ["Capabilities", "capabilities", "usable_device", "NoDeviceError"]
+__all__ = ["Capabilities", "capabilities", "usable_device", "NoDeviceError", "require"]
 
 
 @dataclass(frozen=True)
@@ -184,3 +184,32 @@ def usable_device(device):
     if dev.index is not None and dev.index >= count:
         raise NoDeviceError(f"device {dev} was asked for, but this machine has {count} CUDA device(s)")
     return torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
+
+
+#: The extras that install each optional package.
+_EXTRAS = {"dgl": "dgl", "torch_geometric": "pyg", "torch_sparse": "pyg", "ogb": "ogb"}
+
+
+def require(module):
+    """Import an optional package (a framework, OGB), or raise ``ImportError`` naming the extra to install.
+
+    Examples
+    --------
+    >>> require("json").__name__
+    'json'
+    """
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        extra = _EXTRAS.get(module.split(".")[0], module)
+        raise ImportError(f"this needs {module}, which is not installed (or does not load with torch "
+                          f"{_torch_version()}): pip install 'directload[{extra}]' (see the README's install "
+                          f"matrix)") from exc
+
+
+def _torch_version():
+    import torch
+
+    return torch.__version__

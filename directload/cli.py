@@ -11,9 +11,9 @@ from pathlib import Path
 
 __all__ = ["main", "build_parser", "add_train_arguments", "run_training", "report_name", "HelpFormatter"]
 
-DESCRIPTION = ("directload: zero-copy GPU feature loading for mini-batch GNN training, with a drop-in DGL "
-               "DataLoader, datasets in OGB's layout, and side-by-side training against DGL's loader.  "
-               "Everything also runs on a machine without a GPU.")
+DESCRIPTION = ("directload: zero-copy GPU feature loading for mini-batch GNN training, with drop-ins for DGL's "
+               "DataLoader and PyG's NeighborLoader, datasets in OGB's layout, and side-by-side training against "
+               "the frameworks' own loaders.  Everything also runs on a machine without a GPU.")
 
 _BENCH = {"gather": "gather_bandwidth.py", "alignment": "alignment_sweep.py", "unified": "unified_gather.py",
           "loader": "loader_e2e.py", "gpu": "gpu_suite.py"}
@@ -56,6 +56,12 @@ def _positive_float(text):
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
     return value
+
+
+def _default_framework():
+    import importlib.util
+
+    return "dgl" if importlib.util.find_spec("dgl") is not None else "pyg"
 
 
 def _default_out():
@@ -107,6 +113,9 @@ def _bench(args):
 
 def add_train_arguments(p):
     """Options shared by ``directload train`` and benchmarks/loader_e2e.py."""
+    p.add_argument("--framework", choices=["dgl", "pyg"], default=_default_framework(),
+                   help="DGL (blocks, DGL's DataLoader) or PyG (NeighborLoader, PyG's convolutions); the default "
+                        "is whichever is installed, DGL first")
     p.add_argument("--dataset", default="synth-small",
                    help="a synthetic preset (synth-tiny, synth-small, synth-medium, synth-large; generated when "
                         "missing) or an OGB node-property dataset already under --root")
@@ -144,23 +153,27 @@ def run_training(args, models, loaders, seeds, name):
     """Load (generating if needed) the dataset, train side by side, print and write the report."""
     import torch
 
-    from directload.capabilities import capabilities, usable_device
-    from directload.datasets import PRESETS, dataset_exists, load, synthesize
+    from directload.capabilities import capabilities, require, usable_device
+    from directload.datasets import PRESETS, check_name, dataset_exists, load, synthesize
     from directload.experiments import compare, print_summary, write_report
     from directload.train import TrainConfig, resolve_depth
 
-    device = usable_device(args.device)  # a clear error before any work
+    # Bad arguments get their own error before any work, a missing framework after them.
+    device = usable_device(args.device)
     layers, fanouts = resolve_depth(args.layers, args.fanouts)
+    check_name(args.dataset)
+    require({"dgl": "dgl", "pyg": "torch_geometric"}[args.framework])
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.dataset in PRESETS and not dataset_exists(args.root, args.dataset):
         synthesize(args.root, args.dataset, progress=not args.no_progress)  # one made with other options is kept
     dataset = load(args.root, args.dataset)
     base = TrainConfig(epochs=args.epochs, device=str(device), num_workers=args.num_workers, hidden=args.hidden,
-                       lr=args.lr, batch_size=args.batch_size, layers=layers, fanouts=fanouts)
+                       lr=args.lr, batch_size=args.batch_size, layers=layers, fanouts=fanouts,
+                       framework=args.framework, loader="directload")
     rows = compare(dataset, base, models=models, loaders=loaders, seeds=seeds, progress=not args.no_progress)
-    meta = {"dataset": args.dataset, "device": str(device), "nodes": dataset.graph.num_nodes(),
-            "edges": dataset.graph.num_edges(), "feats": int(dataset.feat.shape[1]), "epochs": args.epochs,
+    meta = {"dataset": args.dataset, "framework": args.framework, "device": str(device), "nodes": dataset.num_nodes,
+            "edges": dataset.num_edges, "feats": int(dataset.feat.shape[1]), "epochs": args.epochs,
             "torch_threads": torch.get_num_threads(), "capabilities": capabilities().as_dict()}
     path, summary = write_report(rows, args.out or _default_out(), name, meta)
     print_summary(summary, meta)
@@ -170,7 +183,9 @@ def run_training(args, models, loaders, seeds, name):
 
 def _train(args):
     models = ["sage", "gat"] if args.model == "both" else [args.model]
-    loaders = ["dgl", "directload"] if args.loader == "both" else [args.loader]
+    if args.loader in ("dgl", "pyg") and args.loader != args.framework:
+        raise ValueError(f"--loader {args.loader} is {args.loader}'s own loader, but --framework is {args.framework}")
+    loaders = [args.framework, "directload"] if args.loader == "both" else [args.loader]
     return run_training(args, models, loaders, range(args.seeds), report_name("train", args.dataset, models, loaders))
 
 
@@ -223,13 +238,13 @@ def build_parser():
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the script (see its --help)")
     p.set_defaults(func=_bench)
 
-    p = command(sub, "train", "train GraphSAGE or GAT with DGL's loader and directload's, side by side")
+    p = command(sub, "train", "train GraphSAGE or GAT with the framework's loader and directload's, side by side")
     p.add_argument("--model", choices=["sage", "gat", "both"], default="sage",
                    help="GraphSAGE (mean) or GAT (4 heads).  On 2 CPU cores a synth-small training epoch takes "
                         "about 3.5 s with GraphSAGE and about 16 s with GAT, whose attention dominates (measured; "
                         "evaluation comes on top)")
-    p.add_argument("--loader", choices=["dgl", "directload", "both"], default="both",
-                   help="which loader(s) to train with; both runs them interleaved and compares them")
+    p.add_argument("--loader", choices=["dgl", "pyg", "directload", "both"], default="both",
+                   help="the framework's own loader, directload's, or both interleaved and compared")
     p.add_argument("--seeds", type=_positive_int, default=1, help="runs per (model, loader), seeds 0..N-1")
     add_train_arguments(p)
     p.set_defaults(func=_train)

@@ -1,4 +1,4 @@
-"""Side-by-side training runs (DGL's loader against directload's): sweep, table, JSON and stacked-bar PNG."""
+"""Side-by-side training runs (the framework's own loader against directload's): sweep, table, JSON, PNG."""
 
 import json
 import math
@@ -12,6 +12,8 @@ from .train import TrainConfig, train
 
 __all__ = ["compare", "summarize", "write_report", "print_summary", "json_safe"]
 
+#: The frameworks' own loaders, the reference of every comparison.
+STOCK = ("dgl", "pyg")
 #: Epoch-time columns of a summary row, in seconds.
 TIME_KEYS = ("epoch_s", "sample_s", "gather_s", "train_s", "wait_s")
 
@@ -51,13 +53,15 @@ def summarize(rows):
     """Per (model, loader): median steady-state epoch breakdown over seeds, and mean accuracies.
 
     Units: times in seconds, accuracies in percent.  Rows of directload's
-    loader also compare with DGL's on the same seeds: ``epoch_vs_dgl`` is the
-    median of the per-seed ratios of epoch times, with ``epoch_vs_dgl_min``
-    and ``_max`` their range; ``test_acc_vs_dgl_pp`` is the mean per-seed
-    difference of test accuracy, in percentage points.
+    loader also compare with the framework's own loader (``reference``:
+    ``"dgl"`` or ``"pyg"``) on the same seeds: ``epoch_vs_reference`` is the
+    median of the per-seed ratios of epoch times, with ``..._min`` and
+    ``..._max`` their range; ``test_acc_vs_reference_pp`` is the mean
+    per-seed difference of test accuracy, in percentage points (with its
+    ``_min`` and ``_max``).
     """
     out = []
-    keys = sorted({(r["model"], r["loader"]) for r in rows}, key=lambda k: (k[0], k[1] != "dgl"))
+    keys = sorted({(r["model"], r["loader"]) for r in rows}, key=lambda k: (k[0], k[1] == "directload"))
     for model, loader in keys:
         rs = sorted((r for r in rows if r["model"] == model and r["loader"] == loader), key=lambda r: r["seed"])
         row = {"model": model, "loader": loader, "seeds": len(rs),
@@ -67,14 +71,15 @@ def summarize(rows):
             row[key] = statistics.median(_steady(r["epochs"], key) for r in rs)
         row["valid_acc_pct"] = 100 * statistics.mean(r["valid_acc"] for r in rs)
         row["test_acc_pct"] = 100 * statistics.mean(r["test_acc"] for r in rs)
-        ref = {r["seed"]: r for r in rows if r["model"] == model and r["loader"] == "dgl"}
+        ref = {r["seed"]: r for r in rows if r["model"] == model and r["loader"] in STOCK}
         pairs = [(r, ref[r["seed"]]) for r in rs if r["seed"] in ref]
-        if loader != "dgl" and pairs:
+        if loader == "directload" and pairs:
             ratios = _spread([_steady(r["epochs"], "epoch_s") / _steady(d["epochs"], "epoch_s") for r, d in pairs])
             diffs = [100 * (r["test_acc"] - d["test_acc"]) for r, d in pairs]
-            row.update({"epoch_vs_dgl": ratios["median"], "epoch_vs_dgl_min": ratios["min"],
-                        "epoch_vs_dgl_max": ratios["max"], "test_acc_vs_dgl_pp": statistics.mean(diffs),
-                        "test_acc_vs_dgl_pp_min": min(diffs), "test_acc_vs_dgl_pp_max": max(diffs)})
+            row.update({"reference": pairs[0][1]["loader"], "epoch_vs_reference": ratios["median"],
+                        "epoch_vs_reference_min": ratios["min"], "epoch_vs_reference_max": ratios["max"],
+                        "test_acc_vs_reference_pp": statistics.mean(diffs),
+                        "test_acc_vs_reference_pp_min": min(diffs), "test_acc_vs_reference_pp_max": max(diffs)})
         out.append(row)
     return out
 
@@ -117,13 +122,15 @@ def print_summary(summary, meta):
             ("epoch_s", "epoch s", ".3f"), ("sample_s", "sample s", ".3f"), ("gather_s", "gather s", ".3f"),
             ("train_s", "train s", ".3f"), ("wait_s", "wait s", ".3f"), ("valid_acc_pct", "valid acc %", ".2f"),
             ("test_acc_pct", "test acc %", ".2f")]
-    header = [c[1] for c in cols] + ["epoch vs DGL (min-max)", "test acc vs DGL (pp)"]
+    ref = {"dgl": "DGL", "pyg": "PyG"}.get(next((r["reference"] for r in summary if "reference" in r), ""), "own")
+    header = [c[1] for c in cols] + [f"epoch vs {ref} (min-max)", f"test acc vs {ref} (pp)"]
     table = []
     for r in summary:
         cells = [_fmt(r.get(k), spec) for k, _, spec in cols]
-        if "epoch_vs_dgl" in r:
-            cells.append(f"{r['epoch_vs_dgl']:.3f} ({r['epoch_vs_dgl_min']:.3f}-{r['epoch_vs_dgl_max']:.3f})")
-            cells.append(f"{r['test_acc_vs_dgl_pp']:+.2f}")
+        if "epoch_vs_reference" in r:
+            cells.append(f"{r['epoch_vs_reference']:.3f} ({r['epoch_vs_reference_min']:.3f}-"
+                         f"{r['epoch_vs_reference_max']:.3f})")
+            cells.append(f"{r['test_acc_vs_reference_pp']:+.2f}")
         else:
             cells += ["", ""]
         table.append(cells)

@@ -138,6 +138,9 @@ def _embedding(input, weight, padding_idx=None, max_norm=None, *args, **kwargs):
 INDEX_FUNCS = {
     torch.Tensor.__getitem__: _getitem,
     torch.Tensor.index_select: _index_select,
+    # torch's own builtin: PyG (torch_geometric.hash_tensor) replaces ``torch.index_select`` with a
+    # wrapper that calls this one, so the wrapper's name may be what was imported first.
+    torch._C._VariableFunctions.index_select: _index_select,
     torch.index_select: _index_select,
     torch.nn.functional.embedding: _embedding,
 }

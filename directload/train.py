@@ -1,22 +1,24 @@
-"""End-to-end GraphSAGE / GAT mini-batch training with DGL's loader or directload's, timed stage by stage."""
+"""End-to-end GraphSAGE / GAT mini-batch training, the framework's stock loader against directload's.
 
-import os
+The loop, its timing and its configuration are shared; the models and loaders
+come from :mod:`directload.train_dgl` (DGL) or :mod:`directload.train_pyg`
+(PyG), imported only for the framework a run asks for.
+"""
+
+import importlib
 import time
-import warnings
 from dataclasses import asdict, dataclass, field
 
-os.environ.setdefault("DGLBACKEND", "pytorch")
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
 
-import dgl  # noqa: E402
-import dgl.nn as dglnn  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+__all__ = ["TrainConfig", "EpochStats", "RunResult", "train", "evaluate", "TimedTable", "resolve_depth",
+           "DEFAULT_FANOUTS", "FRAMEWORKS"]
 
-__all__ = ["TrainConfig", "EpochStats", "RunResult", "SAGE", "GAT", "build_model", "train", "TimedTable",
-           "resolve_depth", "DEFAULT_FANOUTS"]
+#: Frameworks a run may use, and the name of each one's own loader in reports.
+FRAMEWORKS = ("dgl", "pyg")
 
 #: Neighbours sampled per layer, outermost first (DGL's ogbn-products examples).
 DEFAULT_FANOUTS = (15, 10, 5)
@@ -58,10 +60,13 @@ class TrainConfig:
     The defaults follow DGL's ogbn-products examples (the paper's models):
     GraphSAGE with mean aggregation, 3 layers, fanouts 15/10/5; GAT with 4
     heads.  Hidden sizes are smaller than DGL's so CPU runs stay short.
+    ``fanouts[i]`` is the fanout of layer ``i`` (DGL's convention: the last
+    layer's is the first hop from the seeds); PyG runs sample the same hops.
     """
 
     model: str = "sage"
     loader: str = "directload"
+    framework: str = "dgl"
     hidden: int = 128
     layers: int = 3
     fanouts: tuple = (15, 10, 5)
@@ -79,8 +84,11 @@ class TrainConfig:
     def __post_init__(self):
         if self.model not in ("sage", "gat"):
             raise ValueError(f"model must be 'sage' or 'gat', got {self.model!r}")
-        if self.loader not in ("dgl", "directload"):
-            raise ValueError(f"loader must be 'dgl' or 'directload', got {self.loader!r}")
+        if self.framework not in FRAMEWORKS:
+            raise ValueError(f"framework must be one of {FRAMEWORKS}, got {self.framework!r}")
+        if self.loader not in (self.framework, "directload"):
+            raise ValueError(f"loader must be {self.framework!r} (the framework's own) or 'directload', "
+                             f"got {self.loader!r}")
         self.layers, self.fanouts = resolve_depth(self.layers, self.fanouts)
         for name in ("hidden", "heads", "batch_size", "eval_batch_size", "epochs", "lookahead"):
             if getattr(self, name) < 1:
@@ -100,9 +108,13 @@ class EpochStats:
     """Seconds spent in one epoch.
 
     ``sample_s`` and ``gather_s`` are measured where the work runs: on the
-    training thread for DGL's loader, in directload's pipeline for its own
-    (overlapping ``train_s`` only where that runs on background threads).  ``wait_s`` is the time the training
-    loop waited for a batch; ``epoch_s = wait_s + train_s`` up to loop overhead.
+    training thread for the framework's loader, in directload's pipeline for
+    its own (overlapping ``train_s`` only where that runs on background
+    threads).  ``wait_s`` is the time the training loop waited for a batch;
+    ``epoch_s = wait_s + train_s`` up to loop overhead.  For a framework's
+    loader ``gather_s`` is its feature-table slicing alone; for directload's
+    PyG loader it is PyG's whole filter step (features, labels and the
+    subgraph's edges), so it overstates directload's share there.
     """
 
     epoch: int
@@ -124,59 +136,12 @@ class RunResult:
     valid_acc: float = float("nan")
 
 
-class SAGE(nn.Module):
-    """GraphSAGE (mean aggregator) over DGL blocks."""
-
-    def __init__(self, in_feats, hidden, n_classes, layers, dropout):
-        super().__init__()
-        dims = [in_feats] + [hidden] * (layers - 1) + [n_classes]
-        self.layers = nn.ModuleList(dglnn.SAGEConv(a, b, "mean") for a, b in zip(dims[:-1], dims[1:]))
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, blocks, x):
-        h = x
-        for i, (layer, block) in enumerate(zip(self.layers, blocks)):
-            h = layer(block, h)
-            if i != len(self.layers) - 1:
-                h = self.dropout(F.relu(h))
-        return h
-
-
-class GAT(nn.Module):
-    """GAT over DGL blocks: multi-head hidden layers (concatenated), one head averaged at the output."""
-
-    def __init__(self, in_feats, hidden, n_classes, layers, heads, dropout):
-        super().__init__()
-        self.layers = nn.ModuleList()
-        dim = in_feats
-        for _ in range(layers - 1):
-            self.layers.append(dglnn.GATConv(dim, hidden, heads, feat_drop=dropout, allow_zero_in_degree=True))
-            dim = hidden * heads
-        self.layers.append(dglnn.GATConv(dim, n_classes, 1, allow_zero_in_degree=True))
-
-    def forward(self, blocks, x):
-        h = x
-        for i, (layer, block) in enumerate(zip(self.layers, blocks)):
-            h = layer(block, h)
-            h = h.flatten(1) if i != len(self.layers) - 1 else h.mean(1)
-            if i != len(self.layers) - 1:
-                h = F.elu(h)
-        return h
-
-
-def build_model(cfg, in_feats, n_classes):
-    if cfg.model == "sage":
-        return SAGE(in_feats, cfg.hidden, n_classes, cfg.layers, cfg.dropout)
-    if cfg.model == "gat":
-        return GAT(in_feats, cfg.hidden // cfg.heads, n_classes, cfg.layers, cfg.heads, cfg.dropout)
-    raise ValueError(f"model must be 'sage' or 'gat', got {cfg.model!r}")
-
-
 class TimedTable(torch.Tensor):
-    """A plain feature table that times the row gathers DGL's loader makes on it.
+    """A plain feature table that times the row gathers a framework's own loader makes on it.
 
-    DGL's prefetcher slices ``g.ndata[name]`` with ``index_select``; wrapping the
-    table measures that feature-gather time exactly, inside DGL's own loader.
+    DGL's prefetcher and PyG's ``filter_data`` slice the table with
+    ``index_select``; wrapping it measures that feature-gather time exactly,
+    inside the framework's own loader.
     """
 
     seconds = 0.0
@@ -192,78 +157,60 @@ class TimedTable(torch.Tensor):
         return out
 
 
-def _epoch(loader):
-    """``iter(loader)``, without DGL's advice to enable CPU affinity, which its loader repeats every
-    epoch of a CPU run: the comparison runs both loaders without it, on purpose."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Dataloader CPU affinity opt is not enabled")
-        return iter(loader)
+def _framework(cfg):
+    return importlib.import_module(f"directload.train_{cfg.framework}")
 
 
-def _seed(seed):
+def _seed(fw, seed):
     torch.manual_seed(seed)
     np.random.seed(seed)
-    dgl.seed(seed)
-
-
-def _loader(cfg, graph, ids, fanouts, batch_size, shuffle, feat):
-    sampler = dgl.dataloading.NeighborSampler(list(fanouts), prefetch_node_feats=["feat"], prefetch_labels=["label"])
-    kw = dict(device=cfg.device, batch_size=batch_size, shuffle=shuffle, drop_last=False, num_workers=cfg.num_workers)
-    if cfg.loader == "dgl":
-        plain = feat.host if getattr(feat, "is_unified", False) else feat
-        graph.ndata["feat"] = plain.as_subclass(TimedTable)
-        return dgl.dataloading.DataLoader(graph, ids, sampler, **kw)
-    from directload.loaders import DataLoader
-
-    graph.ndata["feat"] = feat
-    return DataLoader(graph, ids, sampler, lookahead=cfg.lookahead, **kw)
+    fw.seed(seed)
 
 
 @torch.no_grad()
-def evaluate(model, cfg, graph, ids, feat):
+def evaluate(model, cfg, dataset, ids, *, fw=None):
     """Accuracy on ``ids`` with the run's loader and fanouts."""
+    fw = fw or _framework(cfg)
     model.eval()
     correct = total = 0
-    for _, output_nodes, blocks in _epoch(_loader(cfg, graph, ids, cfg.fanouts, cfg.eval_batch_size, False, feat)):
-        pred = model(blocks, blocks[0].srcdata["feat"].float()).argmax(1)
-        correct += (pred == blocks[-1].dstdata["label"]).sum().item()
-        total += len(output_nodes)
+    for batch in fw.epoch(fw.make_loader(cfg, dataset, ids, cfg.eval_batch_size, False)):
+        logits, y = fw.forward(model, batch, cfg)
+        correct += (logits.argmax(1) == y).sum().item()
+        total += len(y)
     model.train()
     return correct / max(total, 1)
 
 
 def train(dataset, cfg, *, progress=True, evaluate_each_epoch=False):
-    """Train ``cfg.model`` on ``dataset`` with ``cfg.loader``; returns a :class:`RunResult`.
+    """Train ``cfg.model`` on ``dataset`` with ``cfg.loader`` of ``cfg.framework``; returns a :class:`RunResult`.
 
-    The graph's ``ndata["feat"]`` is set to the table the chosen loader reads
-    (a plain host tensor for DGL's, the unified tensor for directload's).
+    The framework's own loader reads a plain host table (a :class:`TimedTable`,
+    to time its gathers); directload's reads the unified tensor.
     """
-    _seed(cfg.seed)
+    fw = _framework(cfg)
+    _seed(fw, cfg.seed)
     device = torch.device(cfg.device)
-    graph, feat = dataset.graph, dataset.feat
-    model = build_model(cfg, feat.shape[1], dataset.num_classes).to(device)
+    model = fw.build_model(cfg, dataset.feat.shape[1], dataset.num_classes).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     result = RunResult(config=asdict(cfg))
-    train_ids = dataset.split["train"]
+    loader = fw.make_loader(cfg, dataset, dataset.split["train"], cfg.batch_size, True)
     for epoch in range(cfg.epochs):
-        loader = _loader(cfg, graph, train_ids, cfg.fanouts, cfg.batch_size, True, feat)
         TimedTable.seconds = 0.0
         train_s = wait_s = 0.0
         losses = []
         t_epoch = time.perf_counter()
-        it = _epoch(loader)
+        it = fw.epoch(loader)
         bar = tqdm(total=len(loader), desc=f"{cfg.model}/{cfg.loader} epoch {epoch}", unit="batch",
                    disable=not progress, leave=False)
         while True:
             t0 = time.perf_counter()
             try:
-                _, _, blocks = next(it)
+                batch = next(it)
             except StopIteration:
                 break
             t1 = time.perf_counter()
-            x = blocks[0].srcdata["feat"].float()
-            y = blocks[-1].dstdata["label"]
-            loss = F.cross_entropy(model(blocks, x), y)
+            logits, y = fw.forward(model, batch, cfg)
+            loss = F.cross_entropy(logits, y)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -274,15 +221,15 @@ def train(dataset, cfg, *, progress=True, evaluate_each_epoch=False):
             bar.update()
         bar.close()
         epoch_s = time.perf_counter() - t_epoch
-        if cfg.loader == "dgl":
+        if cfg.loader == "directload":
+            gather_s, sample_s = it.stats["gather_s"], it.stats["sample_s"]
+        else:
             gather_s = TimedTable.seconds
             sample_s = wait_s - gather_s  # the rest of next() is sampling (and batch assembly)
-        else:
-            gather_s, sample_s = it.stats["gather_s"], it.stats["sample_s"]
         stats = EpochStats(epoch, epoch_s, sample_s, gather_s, train_s, wait_s, len(losses), float(np.mean(losses)))
         if evaluate_each_epoch:
-            stats.valid_acc = evaluate(model, cfg, graph, dataset.split["valid"], feat)
+            stats.valid_acc = evaluate(model, cfg, dataset, dataset.split["valid"], fw=fw)
         result.epochs.append(stats)
-    result.valid_acc = evaluate(model, cfg, graph, dataset.split["valid"], feat)
-    result.test_acc = evaluate(model, cfg, graph, dataset.split["test"], feat)
+    result.valid_acc = evaluate(model, cfg, dataset, dataset.split["valid"], fw=fw)
+    result.test_acc = evaluate(model, cfg, dataset, dataset.split["test"], fw=fw)
     return result

@@ -12,6 +12,30 @@ from .indexing import BLOCK, LINE, WARP, aligned_geometry, aligned_span, launch_
 
 __all__ = ["gather_rows", "compile_ptx", "kernel_signature", "array_address"]
 
+
+def _load_numpy_support():
+    """Load numba-cuda's NumPy typing on NumPy 2.5, which removed ``np.row_stack``.
+
+    numba-cuda (0.30.4 and earlier) registers an overload for ``np.row_stack``
+    when its NumPy support first loads, which is when the first kernel
+    compiles; on NumPy 2.5 that raises ``AttributeError`` and no kernel
+    compiles (numba itself checks first).  The alias is lent to NumPy for that
+    one import and taken back, so NumPy is left as it was.
+    """
+    import sys
+
+    module = "numba.cuda.np.arrayobj"
+    if hasattr(np, "row_stack") or module in sys.modules:
+        return
+    np.row_stack = np.vstack
+    try:
+        __import__(module)
+    finally:
+        del np.row_stack
+
+
+_load_numpy_support()
+
 # The same pure functions the CPU kernel and the PCIe model use, inlined into the
 # kernels (register_jitable compiles them for whichever target calls them, and
 # needs no device to do so, unlike cuda.jit(device=True), whose compile asks the

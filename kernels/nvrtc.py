@@ -40,16 +40,29 @@ class CompileResult:
 
 
 def find_libnvrtc():
-    """Path of a CUDA 12 ``libnvrtc``: the pip wheel torch depends on, else the system one."""
-    try:
-        import nvidia.cuda_nvrtc as pkg  # shipped as a dependency of the CUDA build of torch
+    """Path of ``libnvrtc`` (CUDA 12 or 13): the pip wheel torch or CuPy brings, else the system one.
 
-        hits = sorted(glob.glob(os.path.join(list(pkg.__path__)[0], "lib", "libnvrtc.so.12*")))
-        if hits:
-            return hits[0]
+    NVIDIA's ``cuda-pathfinder`` (a dependency of CuPy and numba-cuda) knows
+    where each CUDA release's wheels put it (``nvidia/cuda_nvrtc/lib`` for 12,
+    ``nvidia/cu13/lib`` for 13); without it, those places are searched here.
+    """
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+
+        return load_nvidia_dynamic_lib("nvrtc").abs_path
+    except Exception:  # not installed, or it found no nvrtc: search below
+        pass
+    try:
+        import nvidia
+
+        for root in nvidia.__path__:
+            for pattern in ("cuda_nvrtc/lib/libnvrtc.so.1[23]*", "cu13/lib/libnvrtc.so.13*"):
+                hits = sorted(glob.glob(os.path.join(root, pattern)))
+                if hits:
+                    return hits[0]
     except ImportError:
         pass
-    for candidate in ("libnvrtc.so.12", "libnvrtc.so"):
+    for candidate in ("libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"):
         try:
             ctypes.CDLL(candidate)
             return candidate
@@ -62,7 +75,8 @@ def find_libnvrtc():
 def _lib():
     path = find_libnvrtc()
     if path is None:
-        raise NvrtcError("libnvrtc not found: install nvidia-cuda-nvrtc-cu12 (torch's CUDA build brings it)")
+        raise NvrtcError("libnvrtc not found: install directload[cuda12] or directload[cuda13] (the CUDA build of "
+                         "torch brings it too)")
     return ctypes.CDLL(path)
 
 

@@ -1,51 +1,117 @@
 #!/usr/bin/env bash
 # One entry point for a fresh machine:
-#   bash scripts/dev.sh main   set up .venv, then run the main job on a generated default
-#   bash scripts/dev.sh test   set up .venv, then run the test lanes
+#   bash scripts/dev.sh main [--pyg] [train options]  set up a lane, then train on a generated dataset
+#   bash scripts/dev.sh test [pytest options]         set up both lanes, then lint and run every test lane
+#
+# Two lanes, because DGL's last wheels load only on torch 2.2.1 and PyG 2.8 wants torch 2.9-2.12:
+#   .venv      the DGL lane: torch 2.2.1, numpy 1, CUDA 12 packages   (pip install -e .[dgl,cuda12,io,dev])
+#   .venv-pyg  the PyG lane: torch 2.12.1, numpy 2, CUDA 13 packages  (pip install -e .[pyg,cuda13,io,dev])
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3.11}
-VENV=${DIRECTLOAD_VENV:-.venv}
+DGL_VENV=${DIRECTLOAD_VENV:-.venv}
+PYG_VENV=${DIRECTLOAD_PYG_VENV:-.venv-pyg}
+PYG_TORCH=2.12.1  # the newest torch that PyG 2.8.1 lists
+SCATTER=2.1.2
+SPARSE=0.6.18
+# torch-scatter and torch-sparse are published as source only and must be built against the installed
+# torch; pip's own wheel cache ignores the torch version, so the built wheels live in a wheelhouse per
+# torch version (outside the checkout, so clean clones reuse them).
+WHEELHOUSE=${DIRECTLOAD_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/directload/wheelhouse}
 export DGLBACKEND=pytorch
 
-setup() {
-    local stamp="$VENV/.directload-setup"
-    local want
-    want=$(sha256sum setup.py | cut -c1-16)
-    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-        return
+_stamp() {  # what a lane was set up from: setup.py and this script
+    cat setup.py scripts/dev.sh | sha256sum | cut -c1-16
+}
+
+_ready() {  # $1 venv, $2 lane: whether it is set up from the current files
+    [ -f "$1/.directload-setup" ] && [ "$(cat "$1/.directload-setup")" = "$2-$(_stamp)" ]
+}
+
+_venv() {  # $1 venv
+    rm -rf "$1"
+    "$PY" -m venv "$1"
+    "$1/bin/python" -m pip install --quiet --upgrade "pip<26" >/dev/null 2>&1 || true
+}
+
+setup_dgl() {
+    _ready "$DGL_VENV" dgl && return
+    echo "== setting up $DGL_VENV, the DGL lane: torch 2.2.1 (about 3 minutes, 5.5 GB) =="
+    _venv "$DGL_VENV"
+    "$DGL_VENV/bin/python" -m pip install --quiet -e ".[dgl,cuda12,io,dev]"
+    "$DGL_VENV/bin/python" -m pip check
+    echo "dgl-$(_stamp)" > "$DGL_VENV/.directload-setup"
+}
+
+_build_sampler_wheels() {  # $1 venv: build (once per torch version) and print the wheelhouse
+    local venv=$1 tag wh cfg
+    tag=$("$venv/bin/python" -c 'import sys, torch; print("torch-" + torch.__version__.replace("+", "-") + f"-cp{sys.version_info.major}{sys.version_info.minor}")')
+    wh="$WHEELHOUSE/$tag"
+    mkdir -p "$wh"
+    if ! compgen -G "$wh/torch_scatter-$SCATTER-*.whl" >/dev/null; then
+        echo "   building torch-scatter $SCATTER against $tag (about 2 minutes)" >&2
+        cfg=$(mktemp)
+        printf '[build_ext]\nparallel = 2\n' > "$cfg"  # two compile jobs; this breaks torch-sparse's build
+        CFLAGS=-g0 DIST_EXTRA_CONFIG="$cfg" "$venv/bin/python" -m pip wheel --quiet --no-deps \
+            --no-build-isolation "torch-scatter==$SCATTER" -w "$wh" >&2
+        rm -f "$cfg"
     fi
-    echo "== setting up $VENV (about 3 minutes, 5.5 GB) =="
-    "$PY" -m venv "$VENV"
-    "$VENV/bin/python" -m pip install --quiet --upgrade "pip<26" >/dev/null 2>&1 || true
-    "$VENV/bin/python" -m pip install --quiet -e ".[dev,io]"
-    "$VENV/bin/python" -m pip check
-    echo "$want" > "$stamp"
+    if ! compgen -G "$wh/torch_sparse-$SPARSE-*.whl" >/dev/null; then
+        echo "   building torch-sparse $SPARSE against $tag (about 6 minutes)" >&2
+        CFLAGS=-g0 "$venv/bin/python" -m pip wheel --quiet --no-deps --no-build-isolation \
+            "torch-sparse==$SPARSE" -w "$wh" >&2
+    fi
+    echo "$wh"
+}
+
+setup_pyg() {
+    _ready "$PYG_VENV" pyg && return
+    echo "== setting up $PYG_VENV, the PyG lane: torch $PYG_TORCH (about 10 minutes the first time, while"
+    echo "   torch-scatter and torch-sparse, PyG's sampler, compile from source; a minute or two after) =="
+    _venv "$PYG_VENV"
+    "$PYG_VENV/bin/python" -m pip install --quiet "torch==$PYG_TORCH" "numpy>=2" wheel ninja setuptools
+    local wh
+    wh=$(_build_sampler_wheels "$PYG_VENV")
+    "$PYG_VENV/bin/python" -m pip install --quiet --find-links "$wh" "torch==$PYG_TORCH" \
+        -e ".[pyg,cuda13,io,dev]"
+    "$PYG_VENV/bin/python" -m pip check
+    "$PYG_VENV/bin/python" -c "import sys, torch_geometric.typing as t; \
+sys.exit(0 if t.WITH_TORCH_SPARSE else 'torch_sparse does not load: PyG cannot sample')"
+    echo "pyg-$(_stamp)" > "$PYG_VENV/.directload-setup"
 }
 
 run_tests() {
     echo "== lint =="
-    "$VENV/bin/ruff" check .
-    echo "== tests (CPU, host emulation, offline compiles) =="
-    "$VENV/bin/pytest" "$@"
-    echo "== tests (Numba CUDA simulator lane) =="
-    NUMBA_ENABLE_CUDASIM=1 "$VENV/bin/pytest" tests/cudasim "$@"
+    "$DGL_VENV/bin/ruff" check .
+    echo "== DGL lane (torch 2.2.1): CPU, host emulation, offline compiles, DGL =="
+    DIRECTLOAD_LANE=dgl "$DGL_VENV/bin/pytest" "$@"
+    echo "== PyG lane (torch $PYG_TORCH): CPU, host emulation, offline compiles, PyG =="
+    DIRECTLOAD_LANE=pyg "$PYG_VENV/bin/pytest" "$@"
+    echo "== Numba CUDA simulator (PyG lane) =="
+    NUMBA_ENABLE_CUDASIM=1 DIRECTLOAD_LANE=pyg "$PYG_VENV/bin/pytest" tests/cudasim "$@"
 }
 
 case "${1:-}" in
     main)
         shift
-        setup
-        "$VENV/bin/directload" train "$@"
+        if [ "${1:-}" = "--pyg" ]; then
+            shift
+            setup_pyg
+            "$PYG_VENV/bin/directload" train --framework pyg "$@"
+        else
+            setup_dgl
+            "$DGL_VENV/bin/directload" train --framework dgl "$@"
+        fi
         ;;
     test)
         shift
-        setup
+        setup_dgl
+        setup_pyg
         run_tests "$@"
         ;;
     *)
-        echo "usage: bash scripts/dev.sh main|test [args]" >&2
+        echo "usage: bash scripts/dev.sh main [--pyg] [train options] | test [pytest options]" >&2
         exit 2
         ;;
 esac

@@ -1,6 +1,8 @@
 """Shared fixtures: the device list, markers, awkward inputs and a seeded RNG."""
 
+import importlib
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -11,8 +13,39 @@ os.environ.setdefault("OUTDATED_IGNORE", "1")  # ogb would ask the network for i
 
 # The simulator must be chosen before numba is imported, so its tests run in a
 # process of their own: NUMBA_ENABLE_CUDASIM=1 pytest tests/cudasim.
-if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
-    collect_ignore = ["cudasim"]
+collect_ignore = [] if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" else ["cudasim"]
+
+
+def _loads(module):
+    """Whether ``module`` imports (a framework may be installed but not load with this torch)."""
+    try:
+        importlib.import_module(module)
+    except Exception:  # ImportError, or a framework's own error on an unsupported torch
+        return False
+    return True
+
+
+#: Which lane this is (scripts/dev.sh sets it): "dgl", "pyg", or "" for a plain run.
+LANE = os.environ.get("DIRECTLOAD_LANE", "")
+HAS_DGL = _loads("dgl")
+HAS_PYG = _loads("torch_geometric") and _loads("torch_sparse")
+HAS_OGB = _loads("ogb")
+if LANE and not HAS_OGB:
+    raise RuntimeError(f"the {LANE} lane's tests need OGB, which does not import here")
+if LANE == "dgl" and not HAS_DGL:
+    raise RuntimeError("the DGL lane's tests need DGL, which does not import here")
+if LANE == "pyg" and not HAS_PYG:
+    raise RuntimeError("the PyG lane's tests need torch_geometric and torch_sparse, which do not import here")
+# Framework tests run in their framework's lane; the rest run in both.
+if not HAS_DGL:
+    collect_ignore.append("loaders/dgl_loader")
+if not HAS_PYG:
+    collect_ignore.append("loaders/pyg_loader")
+
+
+def frameworks():
+    """The frameworks installed in this lane, DGL first."""
+    return [name for name, ok in (("dgl", HAS_DGL), ("pyg", HAS_PYG)) if ok]
 
 #: Row lengths (elements) that straddle 128-byte lines in every way.
 ROW_ELEMS = (1, 11, 37, 100, 513, 602)
@@ -22,12 +55,13 @@ DTYPES = (torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.float32,
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
+    no_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    no_ogb = pytest.mark.skip(reason="needs OGB (pip install 'directload[ogb]')")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(no_gpu)
+        if item.get_closest_marker("ogb") and not HAS_OGB:
+            item.add_marker(no_ogb)
 
 
 def _devices():
@@ -88,3 +122,22 @@ def assert_gathers(run, src, index, expected=None):
         assert got.dtype == src.dtype
         assert tuple(got.shape) == tuple(expected.shape)
         assert torch.equal(bits(got.cpu()), bits(expected)), f"mismatch with poison {byte:#x}"
+
+
+def within(seconds, fn):
+    """``fn()``'s result or exception, or a test failure if it has not returned after ``seconds``."""
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed back below
+            box["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"still running after {seconds} s: a hang"
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import frameworks
 
 from directload.cli import build_parser, main, report_name
 
@@ -32,37 +33,46 @@ def _walk(value):
         yield value
 
 
-def test_dataset_synth_and_train_both_loaders(tmp_path):
+@pytest.mark.parametrize("framework", frameworks() or [pytest.param("none", marks=pytest.mark.skip("no framework"))])
+def test_dataset_synth_and_train_both_loaders(tmp_path, framework):
+    label = {"dgl": "DGL", "pyg": "PyG"}[framework]
     out = _cli("dataset", "synth", "--root", str(tmp_path / "data"), "--name", "synth-tiny", "--nodes", "2000",
                "--no-progress")
     assert "synth-tiny" in out and (tmp_path / "data" / "synth_tiny" / "RELEASE_v1.txt").exists()
-    out = _cli("train", "--root", str(tmp_path / "data"), "--dataset", "synth-tiny", "--epochs", "2",
-               "--hidden", "16", "--batch-size", "128", "--fanouts", "5", "5", "--no-progress", "--device", "cpu",
-               "--out", str(tmp_path / "res"))
-    assert "epoch vs DGL (min-max)" in out and "test acc %" in out and "test acc vs DGL (pp)" in out
+    out = _cli("train", "--framework", framework, "--root", str(tmp_path / "data"), "--dataset", "synth-tiny",
+               "--epochs", "2", "--hidden", "16", "--batch-size", "128", "--fanouts", "5", "5", "--no-progress",
+               "--device", "cpu", "--out", str(tmp_path / "res"))
+    assert f"epoch vs {label} (min-max)" in out and "test acc %" in out and f"test acc vs {label} (pp)" in out
     assert "first epoch left out" in out
-    stem = "train_synth-tiny_sage_dgl-vs-directload"
+    stem = f"train_synth-tiny_sage_{framework}-vs-directload"
     text = (tmp_path / "res" / f"{stem}.json").read_text()
     assert "NaN" not in text and "Infinity" not in text
     report = json.loads(text)
-    assert {row["loader"] for row in report["summary"]} == {"dgl", "directload"}
+    assert {row["loader"] for row in report["summary"]} == {framework, "directload"}
+    assert report["meta"]["framework"] == framework
     for row in report["summary"]:
         assert row["epoch_s"] > 0 and 0.0 <= row["test_acc_pct"] <= 100.0
         assert row["sample_s"] > 0 and row["gather_s"] > 0 and row["train_s"] > 0
         assert row["first_epoch_left_out"] is True
     ours = next(r for r in report["summary"] if r["loader"] == "directload")
-    assert ours["epoch_vs_dgl_min"] <= ours["epoch_vs_dgl"] <= ours["epoch_vs_dgl_max"]
+    assert ours["reference"] == framework
+    assert ours["epoch_vs_reference_min"] <= ours["epoch_vs_reference"] <= ours["epoch_vs_reference_max"]
     assert report["meta"]["nodes"] == 2000  # the dataset made with other options is kept
     assert all(not (isinstance(v, float) and not math.isfinite(v)) for v in _walk(report))
     assert (tmp_path / "res" / f"{stem}.png").stat().st_size > 10_000
     # A second run with another model writes its own files instead of overwriting the first.
-    _cli("train", "--root", str(tmp_path / "data"), "--dataset", "synth-tiny", "--epochs", "1", "--hidden", "8",
-         "--batch-size", "256", "--layers", "1", "--loader", "directload", "--no-progress", "--device", "cpu",
-         "--out", str(tmp_path / "res"))
-    assert (tmp_path / "res" / "train_synth-tiny_sage_directload.json").exists()
+    _cli("train", "--framework", framework, "--root", str(tmp_path / "data"), "--dataset", "synth-tiny", "--epochs",
+         "1", "--hidden", "8", "--batch-size", "256", "--layers", "1", "--loader", "directload", "--no-progress",
+         "--device", "cpu", "--out", str(tmp_path / "res"))
     one = json.loads((tmp_path / "res" / "train_synth-tiny_sage_directload.json").read_text())
     assert one["summary"][0]["first_epoch_left_out"] is False
     assert (tmp_path / "res" / f"{stem}.json").read_text() == text
+
+
+def test_a_loader_of_another_framework_is_refused(capsys):
+    other = {"dgl": "pyg", "pyg": "dgl"}[build_parser().parse_args(["train"]).framework]
+    assert main(["train", "--loader", other]) == 1
+    assert "own loader" in capsys.readouterr().err
 
 
 def test_report_names_differ_by_model_loader_and_dataset():

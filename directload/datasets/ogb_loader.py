@@ -1,4 +1,11 @@
-"""Loading node-property datasets through OGB's own loader, with features as unified tensors."""
+"""Loading node-property datasets in OGB's layout with OGB's own readers, for DGL and PyG alike.
+
+The graph, labels and splits are read by OGB's raw-file readers
+(``ogb.io.read_graph_raw``), so no framework is needed to load a dataset;
+:attr:`Dataset.graph` builds a DGL graph and :meth:`Dataset.to_pyg` a PyG
+``Data`` on request.  OGB's own dataset classes are not used: they keep a
+pickled cache that ``torch.load`` refuses by default from torch 2.6 on.
+"""
 
 import contextlib
 import io
@@ -6,7 +13,7 @@ import json
 import os
 import tempfile
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +26,11 @@ from .synthetic import META_FILE, check_name, dataset_files
 __all__ = ["Dataset", "load", "convert", "ogb_meta_dict", "FEATURE_FILE", "IncompleteDatasetError",
            "SplitIndexError"]
 
+#: A memory-mappable copy of the node features, beside OGB's files.
+FEATURE_FILE = "node-feat.npy"
+#: Our cache of the graph and labels OGB's readers produce (plain arrays, no pickle).
+GRAPH_CACHE = "directload-graph.npz"
+
 
 class IncompleteDatasetError(FileNotFoundError):
     """A dataset directory lacks files it needs (an interrupted or partial generation, or a copy)."""
@@ -27,24 +39,22 @@ class IncompleteDatasetError(FileNotFoundError):
 class SplitIndexError(CorruptFileError, IndexError):
     """A split names node ids outside the graph."""
 
-#: A memory-mappable copy of the node features, beside OGB's files.
-FEATURE_FILE = "node-feat.npy"
-
 
 @dataclass
 class Dataset:
-    """A loaded node-classification dataset.
+    """A loaded node-classification dataset, framework-free.
 
     Attributes
     ----------
     name : str
     path : pathlib.Path
-    graph : dgl.DGLGraph
-        With ``ndata["feat"]`` (a :class:`directload.UnifiedTensor`) and
-        ``ndata["label"]`` (int64).
+    edge_index : torch.Tensor
+        ``[2, num_edges]`` int64, source then destination, as OGB stores it.
+    num_nodes : int
     feat : directload.UnifiedTensor
         The node features, ``[num_nodes, num_feats]``.
     labels : torch.Tensor
+        int64 ``[num_nodes]``; -1 for unlabelled nodes.
     split : dict
         ``{"train", "valid", "test"}`` -> int64 node ids.
     num_classes : int
@@ -52,15 +62,43 @@ class Dataset:
 
     name: str
     path: Path
-    graph: object
+    edge_index: torch.Tensor
+    num_nodes: int
     feat: object
     labels: torch.Tensor
     split: dict
     num_classes: int
+    _graph: object = field(default=None, repr=False)
+
+    @property
+    def num_edges(self):
+        return int(self.edge_index.shape[1])
+
+    @property
+    def graph(self):
+        """A DGL graph of the dataset (built once), with ``ndata["feat"]`` (the unified tensor)
+        and ``ndata["label"]``.  Needs DGL."""
+        if self._graph is None:
+            from directload.capabilities import require
+
+            dgl = require("dgl")
+            g = dgl.graph((self.edge_index[0], self.edge_index[1]), num_nodes=self.num_nodes)
+            g.ndata["label"] = self.labels
+            g.ndata["feat"] = self.feat
+            self._graph = g
+        return self._graph
+
+    def to_pyg(self):
+        """A ``torch_geometric.data.Data`` with ``x`` (the unified tensor), ``y`` and ``edge_index``.
+        Needs PyG."""
+        from directload.capabilities import require
+
+        pyg_data = require("torch_geometric.data")
+        return pyg_data.Data(x=self.feat, y=self.labels, edge_index=self.edge_index, num_nodes=self.num_nodes)
 
 
 def ogb_meta_dict(path, num_classes):
-    """The ``meta_dict`` OGB's ``DglNodePropPredDataset`` needs for a local dataset directory."""
+    """OGB's meta information for a local dataset directory made by :func:`directload.datasets.synthesize`."""
     return {
         "dir_path": str(path), "version": 1, "download_name": Path(path).name, "url": "",
         "num tasks": 1, "task type": "multiclass classification", "eval metric": "acc",
@@ -70,19 +108,88 @@ def ogb_meta_dict(path, num_classes):
     }
 
 
-def _ogb_dataset(root, name, path, quiet):
-    os.environ.setdefault("OUTDATED_IGNORE", "1")  # ogb would ask the network for its latest version
-    os.environ.setdefault("DGLBACKEND", "pytorch")
-    from ogb.nodeproppred import DglNodePropPredDataset
-
+def _meta_info(path, name):
+    """OGB's meta information: ours for a generated dataset, OGB's master table for its own."""
     meta_file = path / META_FILE
+    if meta_file.exists():
+        return ogb_meta_dict(path, json.loads(meta_file.read_text())["config"]["num_classes"])
+    return _ogb_master()[name]
+
+
+def _ogb_master():
+    """OGB's node-property dataset table (name -> meta information)."""
+    os.environ.setdefault("OUTDATED_IGNORE", "1")  # ogb would ask the network for its latest version
+    from directload.capabilities import require
+
+    ogb_nodeproppred = require("ogb.nodeproppred")
+    import pandas
+
+    table = Path(ogb_nodeproppred.__file__).parent / "master.csv"
+    return pandas.read_csv(table, index_col=0, keep_default_na=False)
+
+
+def _read_graph(path, info, quiet, *, need_feat):
+    """``(edge_index, num_nodes, node_feat or None, labels)`` through OGB's readers.
+
+    The graph and labels are cached as plain arrays in ``processed/``; the
+    features are not (they may be most of the dataset), so ``need_feat``
+    reads everything again.
+    """
+    cache = path / "processed" / GRAPH_CACHE
+    if not need_feat and cache.exists() and cache.stat().st_mtime >= (path / "raw").stat().st_mtime:
+        with np.load(cache) as z:
+            return z["edge_index"], int(z["num_nodes"]), None, z["labels"]
+    os.environ.setdefault("OUTDATED_IGNORE", "1")
+    from directload.capabilities import require
+
+    read_graph_raw = require("ogb.io.read_graph_raw")
+    read_binary_graph_raw, read_csv_graph_raw = read_graph_raw.read_binary_graph_raw, read_graph_raw.read_csv_graph_raw
+    import pandas  # OGB's own dependency
+
+    if info["is hetero"] == "True":
+        raise ValueError(f"{path}: heterogeneous OGB datasets are not supported by directload.datasets.load")
+    raw = path / "raw"
+    inverse = info["add_inverse_edge"] == "True"
     sink = io.StringIO()
     with contextlib.redirect_stdout(sink) if quiet else contextlib.nullcontext():
-        if meta_file.exists():
-            meta = json.loads(meta_file.read_text())
-            return DglNodePropPredDataset(name, root=str(root), meta_dict=ogb_meta_dict(path,
-                                                                                   meta["config"]["num_classes"]))
-        return DglNodePropPredDataset(name, root=str(root))
+        if info["binary"] == "True":
+            graph = read_binary_graph_raw(str(raw), add_inverse_edge=inverse)[0]
+            labels = np.load(raw / "node-label.npz")["node_label"]
+        else:
+            extra = {f"additional {k} files": [] if info[f"additional {k} files"] == "None" else
+                     info[f"additional {k} files"].split(",") for k in ("node", "edge")}
+            graph = read_csv_graph_raw(str(raw), add_inverse_edge=inverse,
+                                       additional_node_files=extra["additional node files"],
+                                       additional_edge_files=extra["additional edge files"])[0]
+            labels = pandas.read_csv(raw / "node-label.csv.gz", compression="gzip", header=None).values
+    labels = np.nan_to_num(np.asarray(labels, dtype=np.float64).reshape(-1), nan=-1).astype(np.int64)
+    arrays = {"edge_index": np.ascontiguousarray(graph["edge_index"], dtype=np.int64),
+              "num_nodes": np.int64(graph["num_nodes"]), "labels": labels}
+    _save_atomically(cache, arrays)
+    return arrays["edge_index"], int(arrays["num_nodes"]), graph.get("node_feat"), labels
+
+
+def _save_atomically(path, arrays):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".npz", delete=False) as f:
+        tmp = Path(f.name)
+    try:
+        np.savez(tmp, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _read_split(path, info):
+    from directload.capabilities import require
+
+    require("ogb")
+    import pandas  # OGB's own dependency
+
+    folder = path / "split" / info["split"]
+    return {part: torch.from_numpy(pandas.read_csv(folder / f"{part}.csv.gz", compression="gzip", header=None)
+                                   .values.T[0].astype(np.int64)) for part in ("train", "valid", "test")}
 
 
 def _dataset_dir(root, name):
@@ -96,8 +203,8 @@ def load(root, name, *, affinity="cuda", pin="auto", quiet=True):
 
     Works for a dataset made by :func:`directload.datasets.synthesize` and for
     a real one (``ogbn-products``, ``ogbn-papers100M``, ...) already in
-    ``root`` in OGB's layout.  Graph, labels and splits come from OGB's
-    ``DglNodePropPredDataset``; the features become a unified tensor: mapped
+    ``root`` in OGB's layout.  Graph, labels and splits are read by OGB's
+    readers, with no framework; the features become a unified tensor: mapped
     from ``raw/node-feat.npy`` where it exists (zero-copy, page-cache
     backed), else OGB's in-memory features registered in place.
 
@@ -121,7 +228,7 @@ def load(root, name, *, affinity="cuda", pin="auto", quiet=True):
     >>> root = tempfile.mkdtemp()
     >>> _ = synthesize(root, "synth-tiny", progress=False)
     >>> ds = load(root, "synth-tiny")
-    >>> ds.graph.num_nodes(), ds.num_classes, ds.feat.is_unified
+    >>> ds.num_nodes, ds.num_classes, ds.feat.is_unified
     (3000, 5, True)
     """
     import directload
@@ -132,33 +239,31 @@ def load(root, name, *, affinity="cuda", pin="auto", quiet=True):
         raise FileNotFoundError(f"no dataset {name!r} under {root}: generate one with `directload dataset synth` "
                                 f"or place OGB's {name} files there (this never downloads)")
     _check_complete(path, name)
-    ds = _ogb_dataset(root, name, path, quiet)
-    graph, labels = ds[0]
-    labels = labels.reshape(-1).long()
+    info = _meta_info(path, name)
+    feat_file = path / "raw" / FEATURE_FILE
+    edge_index, n, node_feat, labels = _read_graph(path, info, quiet, need_feat=not feat_file.exists())
     with warnings.catch_warnings():
-        # OGB's split reader hands pandas' read-only arrays to torch.from_numpy; the ids are copied by .to(long).
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        split = {k: v.long() for k, v in ds.get_idx_split().items()}
-    n = graph.num_nodes()
+        split = _read_split(path, info)
     if labels.shape[0] != n:
         raise CorruptFileError(f"{path}: {labels.shape[0]} labels for {n} nodes")
+    if edge_index.size and (edge_index.min() < 0 or edge_index.max() >= n):
+        raise CorruptFileError(f"{path}: edges name nodes outside the graph's {n} nodes")
     for part, ids in split.items():
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
             bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
             raise SplitIndexError(f"{path}: split {part!r} names node {bad}, outside the graph's {n} nodes "
                                   f"(valid 0..{n - 1}); the split files do not belong to this graph")
-    feat_file = path / "raw" / FEATURE_FILE
     if feat_file.exists():
         feat = directload.from_file(feat_file, affinity=affinity, pin=pin)
-    elif "feat" in graph.ndata:
-        feat = directload.to_unified(graph.ndata.pop("feat").contiguous(), affinity, pin=pin)
+    elif node_feat is not None:
+        feat = directload.to_unified(np.ascontiguousarray(node_feat), affinity, pin=pin)
     else:
         raise FileNotFoundError(f"{path}: no node features (neither raw/{FEATURE_FILE} nor OGB's node_feat)")
-    if feat.shape[0] != graph.num_nodes():
-        raise directload.CorruptFileError(f"{feat_file}: {feat.shape[0]} feature rows for {graph.num_nodes()} nodes")
-    graph.ndata["label"] = labels
-    graph.ndata["feat"] = feat
-    return Dataset(name, path, graph, feat, labels, split, int(ds.num_classes))
+    if feat.shape[0] != n:
+        raise CorruptFileError(f"{feat_file}: {feat.shape[0]} feature rows for {n} nodes")
+    return Dataset(name, path, torch.from_numpy(edge_index), n, feat, torch.from_numpy(labels), split,
+                   int(info["num classes"]))
 
 
 def _check_complete(path, name):
@@ -175,20 +280,11 @@ def _check_complete(path, name):
         if missing:
             raise IncompleteDatasetError(f"dataset {name!r} in {path} is incomplete (missing {', '.join(missing)}); "
                                          f"regenerate it with `directload dataset synth --name {name} --overwrite`")
-    elif name not in _ogb_names():
+    elif name not in _ogb_master().columns:
         raise IncompleteDatasetError(
             f"{path} is neither a complete generated dataset (no {META_FILE}: an interrupted generation?) nor one "
             f"of OGB's datasets; regenerate it with `directload dataset synth --name {name} --overwrite`, or "
             "remove it")
-
-
-def _ogb_names():
-    """OGB's node-property dataset names (its own master table)."""
-    import ogb.nodeproppred
-    import pandas
-
-    table = Path(ogb.nodeproppred.__file__).parent / "master.csv"
-    return set(pandas.read_csv(table, index_col=0, keep_default_na=False).columns)
 
 
 def convert(root, name, *, quiet=True):
@@ -201,13 +297,13 @@ def convert(root, name, *, quiet=True):
     path = _dataset_dir(root, name)
     if not path.exists():
         raise FileNotFoundError(f"no dataset {name!r} under {root}")
-    ds = _ogb_dataset(root, name, path, quiet)
-    graph, _ = ds[0]
-    if "feat" not in graph.ndata:
+    _check_complete(path, name)
+    _, _, feat, _ = _read_graph(path, _meta_info(path, name), quiet, need_feat=True)
+    if feat is None:
         raise ValueError(f"{name} has no node features to convert")
     out = path / "raw" / FEATURE_FILE
     out.parent.mkdir(parents=True, exist_ok=True)
-    feat = graph.ndata["feat"].numpy()
+    feat = np.ascontiguousarray(feat)
     if out.exists():
         have = npy_layout(out)
         if have[:2] == (feat.dtype, feat.shape):

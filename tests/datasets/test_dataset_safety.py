@@ -91,6 +91,7 @@ def test_overwrite_replaces_only_our_dataset(tmp_path):
     assert sorted(p for p in os.listdir(tmp_path)) == ["d"]
 
 
+@pytest.mark.ogb
 def test_another_configuration_needs_overwrite(tmp_path):
     synthesize(tmp_path, "d", SMALL, progress=False)
     other = SynthConfig(**{**SMALL.__dict__, "num_feats": 6})
@@ -120,6 +121,7 @@ def _generate(root, queue):
         queue.put(repr(exc))
 
 
+@pytest.mark.ogb
 def test_two_concurrent_generations_do_not_corrupt_each_other(tmp_path):
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -131,7 +133,7 @@ def test_two_concurrent_generations_do_not_corrupt_each_other(tmp_path):
     assert [queue.get(timeout=5) for _ in procs] == ["ok", "ok"]
     assert sorted(os.listdir(tmp_path)) == ["race"]
     ds = load(tmp_path, "race")
-    assert ds.feat.shape == (30_000, 16) and ds.graph.num_nodes() == 30_000
+    assert ds.feat.shape == (30_000, 16) and ds.num_nodes == 30_000
 
 
 @pytest.mark.parametrize("field,value", [("num_feats", 0), ("avg_degree", -3), ("num_nodes", 0), ("num_classes", 1),
@@ -150,6 +152,7 @@ def test_cli_refuses_bad_sizes(tmp_path, args, capsys):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.ogb
 def test_partial_dataset_says_it_is_incomplete(tmp_path):
     path = synthesize(tmp_path, "d", SMALL, progress=False)
     (path / "raw" / "node-label.npz").unlink()
@@ -163,9 +166,10 @@ def test_partial_dataset_says_it_is_incomplete(tmp_path):
     with pytest.raises(FileExistsError, match="incomplete dataset"):
         synthesize(tmp_path, "d", SMALL, progress=False)
     synthesize(tmp_path, "d", SMALL, overwrite=True, progress=False)
-    assert load(tmp_path, "d").graph.num_nodes() == 400
+    assert load(tmp_path, "d").num_nodes == 400
 
 
+@pytest.mark.ogb
 def test_split_ids_outside_the_graph_are_refused(tmp_path):
     import gzip
 
@@ -177,6 +181,7 @@ def test_split_ids_outside_the_graph_are_refused(tmp_path):
     assert isinstance(exc.value, IndexError)
 
 
+@pytest.mark.ogb
 def test_convert_writes_atomically_and_never_overwrites_another_file(tmp_path):
     path = synthesize(tmp_path, "d", SMALL, inline_features=True, progress=False)
     out = convert(tmp_path, "d")
@@ -188,6 +193,7 @@ def test_convert_writes_atomically_and_never_overwrites_another_file(tmp_path):
     assert [p for p in os.listdir(path / "raw") if p.startswith(".")] == []
 
 
+@pytest.mark.ogb
 def test_meta_is_written_with_the_dataset(tmp_path):
     path = synthesize(tmp_path, "d", SMALL, progress=False)
     meta = json.loads((path / META_FILE).read_text())

@@ -49,3 +49,21 @@ def test_uint4_specialisation_issues_16_byte_vector_loads_and_stores():
         loads = re.findall(r"ld\.global(?:\.nc)?\.v4\.u32", ptx)
         stores = re.findall(r"st\.global\.v4\.u32", ptx)
         assert bool(loads) == vector and bool(stores) == vector, (elem, loads, stores)
+
+
+def test_numba_kernels_compile_on_any_numpy_and_numpy_is_left_as_it_was():
+    # numba-cuda 0.30.4 loads np.row_stack when its NumPy support first loads, and NumPy 2.5 removed it.
+    import subprocess
+    import sys
+
+    code = """
+import numpy as np
+before = hasattr(np, "row_stack")
+from directload.kernels import numba_cuda
+ptx = numba_cuda.compile_ptx(True, np.float32, np.int64, cc=(9, 0))
+assert ".entry" in ptx and hasattr(np, "row_stack") == before, (before, hasattr(np, "row_stack"))
+print("ok", np.__version__)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, encoding="utf-8", errors="replace",
+                          timeout=300)
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-2000:]

@@ -98,3 +98,29 @@ def test_writes_from_cpu_values():
     x[torch.tensor([3, 1])] = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
     assert x.copy_(x.host + 1) is x
     assert x.host.tolist() == [[1, 1], [4, 5], [1, 1], [2, 3]]
+
+
+def test_index_select_reaches_the_kernel_when_a_library_wrapped_torch_index_select_first():
+    # PyG replaces torch.index_select with a wrapper at import; when it is imported before directload,
+    # torch_function still sees torch's builtin, which must count as index_select.
+    import subprocess
+    import sys
+
+    code = """
+import torch
+_old = torch.index_select
+def wrapper(input, dim, index, *, out=None):
+    return _old(input, dim, index) if out is None else _old(input, dim, index, out=out)
+torch.index_select = wrapper
+import directload, directload.unified as unified
+calls = []
+real = unified._gather
+unified._gather = lambda *hit: calls.append(1) or real(*hit)
+x = directload.to_unified(torch.arange(10.0).reshape(5, 2), "host")
+got = torch.index_select(x, 0, torch.tensor([4, 0]))
+assert calls == [1] and got.tolist() == [[8.0, 9.0], [0.0, 1.0]], calls
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, encoding="utf-8", errors="replace",
+                          timeout=120)
+    assert proc.stdout.strip() == "ok", proc.stderr[-2000:]

@@ -11,48 +11,10 @@ from dgl.dataloading.dataloader import CollateWrapper  # noqa: E402
 
 from directload.capabilities import NoDeviceError, usable_device  # noqa: E402
 
-from .features import FeatureSource, announce, finish_batch, input_ids, start_batch  # noqa: E402
-from .pipeline import Epoch, Pipeline  # noqa: E402
+from ..pipeline import Epoch, Pipeline, resolve_overlap, resolve_sampling  # noqa: E402
+from .batches import FeatureSource, announce, finish_batch, input_ids, start_batch  # noqa: E402
 
-__all__ = ["DataLoader", "resolve_sampling", "resolve_overlap", "check_indices"]
-
-
-def resolve_sampling(sample_in_thread, num_workers):
-    """Whether stage 1 samples on a background thread.  Pure.
-
-    DGL draws neighbours from a per-thread random stream, so sampling off the
-    caller's thread changes which neighbours are drawn.  With worker processes
-    (``num_workers > 0``) the draws happen in the workers either way, and a
-    background thread only collects them; without, the default keeps sampling
-    on the caller's thread so that batches equal DGL's bit for bit.
-
-    Examples
-    --------
-    >>> resolve_sampling(None, 0), resolve_sampling(None, 4), resolve_sampling(True, 0)
-    (False, True, True)
-    """
-    if sample_in_thread is None:
-        return num_workers > 0
-    return bool(sample_in_thread)
-
-
-def resolve_overlap(overlap, device, cpu_count, torch_threads):
-    """Whether features are gathered on a background thread.  Pure.
-
-    On a CUDA device the gather is GPU work on its own stream and the host
-    thread only launches it, so it always overlaps training.  On the CPU it
-    competes with training for cores: overlapping pays only when training
-    leaves cores idle (measured on 2 cores with torch on both: training steps
-    slowed by 25%, more than the gather saved).
-
-    Examples
-    --------
-    >>> resolve_overlap(None, "cuda", 2, 2), resolve_overlap(None, "cpu", 2, 2), resolve_overlap(None, "cpu", 16, 8)
-    (True, False, True)
-    """
-    if overlap is not None:
-        return bool(overlap)
-    return torch.device(device).type == "cuda" or cpu_count > torch_threads
+__all__ = ["DataLoader", "check_indices"]
 
 
 def _seed_kind(sampler):
@@ -159,7 +121,7 @@ use_prefetch_thread, use_alternate_streams, pin_prefetcher, use_uva, **kwargs
     Examples
     --------
     >>> import dgl, torch
-    >>> from directload.loaders import DataLoader
+    >>> from directload.loaders.dgl import DataLoader
     >>> g = dgl.rand_graph(100, 500)
     >>> g.ndata["feat"] = torch.randn(100, 8)
     >>> sampler = dgl.dataloading.NeighborSampler([4, 4], prefetch_node_feats=["feat"])

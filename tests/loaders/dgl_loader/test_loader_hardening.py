@@ -1,14 +1,12 @@
 """The loader never hangs and never crashes the process: bad devices, bad seeds, bad sizes, dying threads."""
 
-import threading
-
 import dgl
 import pytest
 import torch
+from conftest import within
 
 from directload.capabilities import NoDeviceError
 from directload.loaders import DataLoader
-from directload.loaders.pipeline import Pipeline, PipelineError
 
 
 @pytest.fixture
@@ -22,25 +20,6 @@ def graph():
 @pytest.fixture
 def sampler():
     return dgl.dataloading.NeighborSampler([3, 3], prefetch_node_feats=["feat"], prefetch_labels=["label"])
-
-
-def within(seconds, fn):
-    """``fn()``'s result or exception, or a test failure if it has not returned after ``seconds``."""
-    box = {}
-
-    def run():
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # handed back below
-            box["error"] = exc
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), f"still running after {seconds} s: a hang"
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
@@ -61,54 +40,6 @@ def test_uva_sampling_without_cuda_is_refused_at_once(graph, sampler):
 def test_devices_that_are_not_cpu_or_cuda_are_refused(graph, sampler, device):
     with pytest.raises(ValueError, match="device"):
         DataLoader(graph, torch.arange(10), sampler, device=device)
-
-
-def _pipeline(overlap, sample_in_thread, device="cpu", batches=None):
-    batches = iter(batches if batches is not None else [1, 2, 3])
-    return Pipeline(batches, start=lambda b: b, finish=lambda b: b, device=device, lookahead=2,
-                    sample_in_thread=sample_in_thread, overlap=overlap)
-
-
-def test_a_gather_thread_that_fails_creating_its_stream_reports_it(monkeypatch):
-    def broken(*args, **kwargs):
-        raise RuntimeError("no CUDA stream here")
-
-    monkeypatch.setattr(torch.cuda, "Stream", broken)
-    p = _pipeline(overlap=True, sample_in_thread=False, device="cuda")
-    with pytest.raises(RuntimeError, match="no CUDA stream here") as info:
-        within(10, lambda: next(p))
-    assert "feature gather thread" in "".join(getattr(info.value, "__notes__", []))
-
-
-@pytest.mark.parametrize("role", ["_sample_loop", "_gather_loop"])
-def test_each_thread_failing_at_its_first_line_reaches_the_consumer(monkeypatch, role):
-    def fail(self):
-        raise OSError(f"{role} failed at its first line")
-
-    monkeypatch.setattr(Pipeline, role, fail)
-    p = _pipeline(overlap=True, sample_in_thread=True)
-    with pytest.raises(OSError, match="failed at its first line"):
-        within(10, lambda: next(p))
-    p.close()
-
-
-@pytest.mark.parametrize("role", ["_sample_loop", "_gather_loop"])
-def test_a_thread_that_ends_without_a_word_is_noticed(monkeypatch, role):
-    monkeypatch.setattr(Pipeline, role, lambda self: None)
-    p = _pipeline(overlap=True, sample_in_thread=True)
-    with pytest.raises(PipelineError, match="ended without a batch, an end or an error"):
-        within(10, lambda: next(p))
-
-
-def test_a_failing_fetch_on_the_caller_closes_the_pipeline():
-    def finish(batch):
-        raise ValueError("fetch failed")
-
-    p = Pipeline(iter([1, 2]), start=lambda b: b, finish=finish, device="cpu", lookahead=1, sample_in_thread=True,
-                 overlap=False)
-    with pytest.raises(ValueError, match="fetch failed"):
-        within(10, lambda: next(p))
-    assert p._stop.is_set()
 
 
 @pytest.mark.parametrize("bad", [300, -1, 2**40, -(2**40)])

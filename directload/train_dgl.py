@@ -1,0 +1,94 @@
+"""DGL's side of :mod:`directload.train`: GraphSAGE and GAT over blocks, DGL's loader or directload's."""
+
+import os
+import warnings
+
+os.environ.setdefault("DGLBACKEND", "pytorch")
+
+import dgl  # noqa: E402
+import dgl.nn as dglnn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+from .train import TimedTable  # noqa: E402
+
+__all__ = ["SAGE", "GAT", "build_model", "make_loader", "epoch", "forward", "seed"]
+
+
+class SAGE(nn.Module):
+    """GraphSAGE (mean aggregator) over DGL blocks."""
+
+    def __init__(self, in_feats, hidden, n_classes, layers, dropout):
+        super().__init__()
+        dims = [in_feats] + [hidden] * (layers - 1) + [n_classes]
+        self.layers = nn.ModuleList(dglnn.SAGEConv(a, b, "mean") for a, b in zip(dims[:-1], dims[1:]))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, blocks, x):
+        h = x
+        for i, (layer, block) in enumerate(zip(self.layers, blocks)):
+            h = layer(block, h)
+            if i != len(self.layers) - 1:
+                h = self.dropout(F.relu(h))
+        return h
+
+
+class GAT(nn.Module):
+    """GAT over DGL blocks: multi-head hidden layers (concatenated), one head averaged at the output."""
+
+    def __init__(self, in_feats, hidden, n_classes, layers, heads, dropout):
+        super().__init__()
+        self.layers = nn.ModuleList()
+        dim = in_feats
+        for _ in range(layers - 1):
+            self.layers.append(dglnn.GATConv(dim, hidden, heads, feat_drop=dropout, allow_zero_in_degree=True))
+            dim = hidden * heads
+        self.layers.append(dglnn.GATConv(dim, n_classes, 1, allow_zero_in_degree=True))
+
+    def forward(self, blocks, x):
+        h = x
+        for i, (layer, block) in enumerate(zip(self.layers, blocks)):
+            h = layer(block, h)
+            h = h.flatten(1) if i != len(self.layers) - 1 else h.mean(1)
+            if i != len(self.layers) - 1:
+                h = F.elu(h)
+        return h
+
+
+def build_model(cfg, in_feats, n_classes):
+    if cfg.model == "sage":
+        return SAGE(in_feats, cfg.hidden, n_classes, cfg.layers, cfg.dropout)
+    return GAT(in_feats, cfg.hidden // cfg.heads, n_classes, cfg.layers, cfg.heads, cfg.dropout)
+
+
+def seed(value):
+    dgl.seed(value)
+
+
+def make_loader(cfg, dataset, ids, batch_size, shuffle):
+    """DGL's loader over a plain (timed) table, or directload's over the unified one."""
+    graph, feat = dataset.graph, dataset.feat
+    sampler = dgl.dataloading.NeighborSampler(list(cfg.fanouts), prefetch_node_feats=["feat"],
+                                              prefetch_labels=["label"])
+    kw = dict(device=cfg.device, batch_size=batch_size, shuffle=shuffle, drop_last=False, num_workers=cfg.num_workers)
+    if cfg.loader == "dgl":
+        graph.ndata["feat"] = (feat.host if getattr(feat, "is_unified", False) else feat).as_subclass(TimedTable)
+        return dgl.dataloading.DataLoader(graph, ids, sampler, **kw)
+    from directload.loaders.dgl import DataLoader
+
+    graph.ndata["feat"] = feat
+    return DataLoader(graph, ids, sampler, lookahead=cfg.lookahead, **kw)
+
+
+def epoch(loader):
+    """``iter(loader)``, without DGL's advice to enable CPU affinity, which its loader repeats every
+    epoch of a CPU run: the comparison runs both loaders without it, on purpose."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Dataloader CPU affinity opt is not enabled")
+        return iter(loader)
+
+
+def forward(model, batch, cfg):
+    """``(logits, labels)`` of one batch."""
+    _, _, blocks = batch
+    return model(blocks, blocks[0].srcdata["feat"].float()), blocks[-1].dstdata["label"]

@@ -1,0 +1,142 @@
+"""PyG's side of :mod:`directload.train`: GraphSAGE and GAT with PyG's convolutions, PyG's NeighborLoader
+or directload's."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch_geometric.loader import NeighborLoader as PygNeighborLoader
+from torch_geometric.nn import GATConv, SAGEConv
+from torch_geometric.utils import trim_to_layer
+
+from .train import TimedTable
+
+__all__ = ["SAGE", "GAT", "build_model", "make_loader", "epoch", "forward", "seed", "num_neighbors", "hop_counts"]
+
+
+class SAGE(nn.Module):
+    """GraphSAGE (mean aggregator) over a sampled subgraph. Where the sampler reports its per-hop counts
+    (pyg-lib's does, torch-sparse's does not), layers are trimmed as PyG recommends (``trim_to_layer``), so
+    layer ``i`` computes only the nodes the later layers need, as DGL's blocks do."""
+
+    def __init__(self, in_feats, hidden, n_classes, layers, dropout):
+        super().__init__()
+        dims = [in_feats] + [hidden] * (layers - 1) + [n_classes]
+        self.layers = nn.ModuleList(SAGEConv(a, b, aggr="mean") for a, b in zip(dims[:-1], dims[1:]))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x, edge_index, nodes_per_hop, edges_per_hop):
+        for i, layer in enumerate(self.layers):
+            x, edge_index = _trim(i, nodes_per_hop, edges_per_hop, x, edge_index)
+            x = layer(x, edge_index)
+            if i != len(self.layers) - 1:
+                x = self.dropout(F.relu(x))
+        return x
+
+
+class GAT(nn.Module):
+    """GAT: multi-head hidden layers (concatenated), one averaged head at the output; trimmed per layer
+    where the sampler reports its per-hop counts."""
+
+    def __init__(self, in_feats, hidden, n_classes, layers, heads, dropout):
+        super().__init__()
+        self.layers = nn.ModuleList()
+        self.dropout = nn.Dropout(dropout)
+        dim = in_feats
+        for _ in range(layers - 1):
+            self.layers.append(GATConv(dim, hidden, heads))
+            dim = hidden * heads
+        self.layers.append(GATConv(dim, n_classes, 1, concat=False))
+
+    def forward(self, x, edge_index, nodes_per_hop, edges_per_hop):
+        for i, layer in enumerate(self.layers):
+            x, edge_index = _trim(i, nodes_per_hop, edges_per_hop, x, edge_index)
+            if i != len(self.layers) - 1:
+                x = F.elu(layer(self.dropout(x), edge_index))
+            else:
+                x = layer(x, edge_index)
+        return x
+
+
+def _trim(layer, nodes_per_hop, edges_per_hop, x, edge_index):
+    """``trim_to_layer`` when per-hop counts are known; the whole subgraph otherwise."""
+    if nodes_per_hop is None or edges_per_hop is None:
+        return x, edge_index
+    x, edge_index, _ = trim_to_layer(layer, nodes_per_hop, edges_per_hop, x, edge_index)
+    return x, edge_index
+
+
+def hop_counts(edge_index, batch_size, num_hops):
+    """Per-hop node and edge counts of a sampled subgraph, as pyg-lib's sampler reports them.
+
+    torch-sparse's sampler (PyG's path without pyg-lib) reports none, but it numbers nodes hop by hop (seeds
+    first) and appends edges hop by hop, and a node first reached at hop ``k`` is exactly ``k`` sampled edges
+    from a seed. So a breadth-first pass over ``edge_index`` (messages flow ``edge_index[0] -> [1]``) recovers
+    the counts that ``trim_to_layer`` needs. Returns ``(None, None)`` when the subgraph is not laid out so
+    (another sampler), and the model then runs on the whole subgraph."""
+    src, dst = edge_index[0], edge_index[1]
+    n = int(torch.max(edge_index).item()) + 1 if edge_index.numel() else batch_size
+    n = max(n, batch_size)
+    hop = torch.full((n,), num_hops + 1, dtype=torch.long, device=edge_index.device)
+    hop[:batch_size] = 0
+    for k in range(1, num_hops + 1):
+        frontier = hop[dst] == k - 1
+        reached = src[frontier]
+        hop[reached] = torch.minimum(hop[reached], torch.full_like(reached, k))
+    edge_hop = hop[dst] + 1
+    nodes = torch.bincount(hop, minlength=num_hops + 2).tolist()
+    edges = torch.bincount(edge_hop, minlength=num_hops + 2).tolist()
+    if nodes[num_hops + 1] or edges[0] or any(edges[num_hops + 1:]):
+        return None, None
+    # Contiguity: hop numbers never decrease along node ids or edge positions.
+    if bool((hop[1:] < hop[:-1]).any()) or bool((edge_hop[1:] < edge_hop[:-1]).any()):
+        return None, None
+    return nodes[:num_hops + 1], edges[1:num_hops + 1]
+
+
+def build_model(cfg, in_feats, n_classes):
+    if cfg.model == "sage":
+        return SAGE(in_feats, cfg.hidden, n_classes, cfg.layers, cfg.dropout)
+    return GAT(in_feats, cfg.hidden // cfg.heads, n_classes, cfg.layers, cfg.heads, cfg.dropout)
+
+
+def seed(value):
+    """PyG samples with torch's generator, which the shared loop seeds."""
+
+
+def num_neighbors(fanouts):
+    """PyG's per-hop list (first hop from the seeds first) for per-layer ``fanouts`` (DGL's order)."""
+    return list(reversed(fanouts))
+
+
+def make_loader(cfg, dataset, ids, batch_size, shuffle):
+    """PyG's NeighborLoader over a plain (timed) table, or directload's over the unified one."""
+    from torch_geometric.data import Data
+
+    feat = dataset.feat
+    kw = dict(num_neighbors=num_neighbors(cfg.fanouts), input_nodes=ids, batch_size=batch_size, shuffle=shuffle,
+              num_workers=cfg.num_workers)
+    if cfg.loader == "pyg":
+        plain = (feat.host if getattr(feat, "is_unified", False) else feat).as_subclass(TimedTable)
+        data = Data(x=plain, y=dataset.labels, edge_index=dataset.edge_index, num_nodes=dataset.num_nodes)
+        return PygNeighborLoader(data, **kw)
+    from directload.loaders.pyg import NeighborLoader
+
+    return NeighborLoader(dataset.to_pyg(), lookahead=cfg.lookahead, **kw)
+
+
+def epoch(loader):
+    return iter(loader)
+
+
+def forward(model, batch, cfg):
+    """``(logits, labels)`` of the seed nodes of one batch."""
+    device = torch.device(cfg.device)
+    x = batch.x.to(device, non_blocking=True).float()
+    edge_index = batch.edge_index.to(device, non_blocking=True)
+    n = batch.batch_size
+    nodes_per_hop = getattr(batch, "num_sampled_nodes", None)
+    edges_per_hop = getattr(batch, "num_sampled_edges", None)
+    if nodes_per_hop is None:
+        nodes_per_hop, edges_per_hop = hop_counts(batch.edge_index, n, len(cfg.fanouts))
+    out = model(x, edge_index, nodes_per_hop, edges_per_hop)
+    return out[:n], batch.y[:n].to(device, non_blocking=True)

@@ -1,0 +1,14 @@
+"""PyG integration: a ``FeatureStore`` over directload tables, a ``GraphStore``, and a drop-in ``NeighborLoader``.
+
+Needs PyG and its sampler (``pip install directload[pyg]``).
+"""
+
+from directload.capabilities import require
+
+require("torch_geometric")
+
+from .feature_store import FeatureStore  # noqa: E402
+from .graph_store import GraphStore  # noqa: E402
+from .loader import NeighborLoader, stores_from, unified_data  # noqa: E402
+
+__all__ = ["FeatureStore", "GraphStore", "NeighborLoader", "stores_from", "unified_data"]

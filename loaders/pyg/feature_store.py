@@ -1,0 +1,159 @@
+"""``FeatureStore``: PyG's feature-store interface over directload tables, with one batched gather per batch."""
+
+import torch
+from torch_geometric.data import FeatureStore as _PygFeatureStore
+from torch_geometric.data import TensorAttr
+
+from directload.kernels import gather, gather_async
+
+__all__ = ["FeatureStore"]
+
+_ELEMENT_SIZES = (1, 2, 4, 8)
+
+
+def _key(attr):
+    return attr.group_name, attr.attr_name
+
+
+def _is_store(table):
+    return not isinstance(table, torch.Tensor) and hasattr(table, "gather")
+
+
+class FeatureStore(_PygFeatureStore):
+    """Node features for PyG's loaders, gathered by directload's kernels.
+
+    A table is a :func:`directload.to_unified` tensor (zero-copy GPU gathers
+    from pinned host memory), any other tensor, or a directload store (an
+    object with ``gather(ids, device)`` and optionally ``prefetch(ids)``).
+    ``NeighborLoader`` calls :meth:`multi_get_tensor` once per batch with
+    every node attribute; this store starts every gather before it waits for
+    any.
+
+    Parameters
+    ----------
+    device : str or torch.device, optional
+        Where gathered rows go.  ``None`` (the default): the index's device.
+
+    Memory contract of a read (``get_tensor``/``multi_get_tensor`` with an
+    index):
+
+    =====================  ==========================  ===================
+    table                  index / ``device``          result
+    =====================  ==========================  ===================
+    unified, pinned, CUDA  CUDA (or ``device`` CUDA)   CUDA, zero-copy
+                                                       gather on the GPU
+    host tensor            CPU, ``device`` CPU/None    CPU, parallel CPU
+                                                       gather (pooled
+                                                       output from 1 MiB)
+    host tensor            CPU, ``device`` CUDA        CPU gather, then
+                                                       copied to CUDA
+    store                  any                         what the store's
+                                                       ``gather`` returns
+    =====================  ==========================  ===================
+
+    A result is a new tensor (never a view of the table); it carries no
+    autograd history.  Without an index the table itself is returned.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from directload.loaders.pyg import FeatureStore
+    >>> store = FeatureStore()
+    >>> store.put_tensor(torch.arange(12.0).reshape(4, 3), group_name=None, attr_name="x", index=None)
+    True
+    >>> store.get_tensor(group_name=None, attr_name="x", index=torch.tensor([3, 0]))
+    tensor([[ 9., 10., 11.],
+            [ 0.,  1.,  2.]])
+    """
+
+    def __init__(self, *, device=None):
+        super().__init__()
+        self.__dict__["_tables"] = {}
+        self.__dict__["device"] = torch.device(device) if device is not None else None
+
+    # -- PyG's hooks --------------------------------------------------------------------
+    def _put_tensor(self, tensor, attr):
+        key = _key(attr)
+        if attr.index is None:
+            if isinstance(tensor, torch.Tensor) and tensor.dim() == 0:
+                raise ValueError(f"{key}: a feature table needs at least one dimension (rows)")
+            if not isinstance(tensor, torch.Tensor) and not _is_store(tensor):
+                tensor = torch.as_tensor(tensor)
+            self._tables[key] = tensor
+            return True
+        if key not in self._tables:
+            raise KeyError(f"no table {key!r} to write rows into; put the whole table first (index=None)")
+        self._tables[key][attr.index] = tensor
+        return True
+
+    def _get_tensor(self, attr):
+        return self._multi_get_tensor([attr])[0]
+
+    def _multi_get_tensor(self, attrs):
+        finishers = [self._start(attr) for attr in attrs]  # every gather starts before any is waited on
+        return [finish() for finish in finishers]
+
+    def _remove_tensor(self, attr):
+        return self._tables.pop(_key(attr), None) is not None
+
+    def _get_tensor_size(self, attr):
+        table = self._tables.get(_key(attr))
+        if table is None:
+            return None
+        return tuple(table.shape)
+
+    def get_all_tensor_attrs(self):
+        return [TensorAttr(group_name=group, attr_name=name) for group, name in self._tables]
+
+    # -- directload ---------------------------------------------------------------------
+    def table(self, group_name, attr_name):
+        """The table stored for ``(group_name, attr_name)``; ``KeyError`` as PyG's own stores raise."""
+        try:
+            return self._tables[group_name, attr_name]
+        except KeyError:
+            have = ", ".join(f"{g}/{n}" for g, n in self._tables) or "none"
+            raise KeyError(f"no tensor {attr_name!r} in group {group_name!r} (stored: {have})") from None
+
+    def prefetch(self, ids, group_name=None):
+        """Tell the stores behind ``group_name``'s attributes which rows come next (a hint)."""
+        for (group, _), table in self._tables.items():
+            if group == group_name and hasattr(table, "prefetch") and not isinstance(table, torch.Tensor):
+                table.prefetch(ids)
+
+    def _start(self, attr):
+        table = self.table(attr.group_name, attr.attr_name)
+        index = attr.index
+        if index is None:
+            return lambda: table
+        if not isinstance(index, torch.Tensor):
+            index = torch.as_tensor(index)
+        device = self.device if self.device is not None else index.device
+        if isinstance(table, torch.Tensor) and table.is_cuda and self.device is None:
+            device = table.device  # as PyG does: the index goes where the table is
+        if _is_store(table):
+            out = table.gather(index, device)
+            return lambda: out
+        if index.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"index must be int32 or int64 node ids, got {index.dtype}")
+        unified = getattr(table, "is_unified", False)
+        host = table.check_backing() if unified else table
+        if not _gatherable(host):
+            rows = torch.index_select(table, 0, index.to(table.device))  # what PyG would do
+            return lambda: rows.to(device)
+        if device.type == "cuda" and (host.is_cuda or host.is_pinned()):
+            fut = gather_async(host, index.to(device, non_blocking=True))
+            return fut.wait
+        rows = gather(host, index.cpu())
+        if device.type == "cuda":
+            return lambda: rows.to(device, non_blocking=True)
+        return lambda: rows
+
+    def __repr__(self):
+        names = ", ".join(f"{g}/{n}{tuple(t.shape)}" for (g, n), t in self._tables.items())
+        return f"{type(self).__name__}({names})"
+
+
+def _gatherable(table):
+    """Whether directload's kernels take ``table`` (else torch's ``index_select`` serves it)."""
+    return (type(table) is torch.Tensor and not table.requires_grad and table.dim() >= 1
+            and table.element_size() in _ELEMENT_SIZES and table.is_contiguous())

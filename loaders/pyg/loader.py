@@ -1,0 +1,209 @@
+"""``NeighborLoader``: PyG's NeighborLoader with node features gathered by directload, sampled ahead."""
+
+import os
+from collections.abc import Mapping
+
+import torch
+from torch_geometric.data import Data, HeteroData
+from torch_geometric.loader import NeighborLoader as _PygNeighborLoader
+
+import directload
+
+from ..pipeline import Epoch, Pipeline, resolve_overlap, resolve_sampling
+from .feature_store import FeatureStore
+from .graph_store import GraphStore
+
+__all__ = ["NeighborLoader", "stores_from", "unified_data"]
+
+
+def _unify(value, affinity):
+    """``value`` as a unified tensor sharing its memory, when it is a table directload can gather."""
+    if (type(value) is torch.Tensor and value.device.type == "cpu" and value.dim() >= 1 and value.is_contiguous()
+            and not value.requires_grad and value.element_size() in (1, 2, 4, 8)):
+        return directload.to_unified(value, affinity, pin="auto")
+    return value
+
+
+def unified_data(data, *, affinity="cuda"):
+    """A shallow copy of a ``Data``/``HeteroData`` whose node tables are unified tensors (zero-copy).
+
+    Every node-level tensor that directload can gather (contiguous, CPU,
+    1/2/4/8-byte elements, no autograd) becomes :func:`directload.to_unified`
+    of itself, sharing its memory; PyG's own ``index_select`` on it then runs
+    directload's gather (zero-copy on a GPU with ``affinity="cuda"``).
+    Everything else, edges included, is left as it is.
+    """
+    out = data.__copy__()
+    for store, new in zip(data.node_stores, out.node_stores):
+        for key, value in store.items():
+            if store.is_node_attr(key) and isinstance(value, torch.Tensor):
+                new[key] = _unify(value, affinity)
+    return out
+
+
+def stores_from(data, *, affinity="cuda", device=None):
+    """``(FeatureStore, GraphStore)`` holding a ``Data``/``HeteroData``'s node tables and edges.
+
+    Node-level tensors become unified tensors (zero-copy, as in
+    :func:`unified_data`); edges are stored in COO with their sizes.  Edge
+    features are not carried over: PyG's loaders do not read them from a
+    feature store.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch_geometric.data import Data
+    >>> from directload.loaders.pyg import stores_from
+    >>> fs, gs = stores_from(Data(x=torch.randn(4, 2), edge_index=torch.tensor([[0, 1], [1, 2]])))
+    >>> [a.attr_name for a in fs.get_all_tensor_attrs()], gs.get_all_edge_attrs()[0].size
+    (['x'], (4, 4))
+    """
+    fs, gs = FeatureStore(device=device), GraphStore()
+    if isinstance(data, HeteroData):
+        for node_type in data.node_types:
+            store = data[node_type]
+            for key, value in store.items():
+                if store.is_node_attr(key) and isinstance(value, torch.Tensor):
+                    fs.put_tensor(_unify(value, affinity), group_name=node_type, attr_name=key, index=None)
+        for edge_type in data.edge_types:
+            src, _, dst = edge_type
+            row, col = data[edge_type].edge_index
+            gs.put_edge_index((row, col), edge_type=edge_type, layout="coo",
+                              size=(data[src].num_nodes, data[dst].num_nodes))
+        return fs, gs
+    if not isinstance(data, Data):
+        raise TypeError(f"stores_from takes a torch_geometric Data or HeteroData, got {type(data).__name__}")
+    for key, value in data.items():
+        if data.is_node_attr(key) and isinstance(value, torch.Tensor):
+            fs.put_tensor(_unify(value, affinity), group_name=None, attr_name=key, index=None)
+    n = data.num_nodes
+    row, col = data.edge_index
+    gs.put_edge_index((row, col), edge_type=None, layout="coo", size=(n, n))
+    return fs, gs
+
+
+class NeighborLoader(_PygNeighborLoader):
+    """Drop-in replacement for ``torch_geometric.loader.NeighborLoader`` with directload's gathers.
+
+    The same constructor and the same batches.  Over a ``Data`` or
+    ``HeteroData``, node tables are registered in place as unified tensors
+    (:func:`unified_data`), so PyG's own feature slicing runs directload's
+    gather (zero-copy from pinned host memory on a GPU, the parallel CPU
+    kernel otherwise); over ``(FeatureStore, GraphStore)`` the feature store
+    is asked once per batch.  Batches are sampled ``lookahead`` ahead on the
+    caller's thread (the same draws as PyG's), their node ids listed by the
+    epoch iterator's ``upcoming()`` and passed to feature stores with a
+    ``prefetch`` hook; features are gathered when the batch is taken, or on
+    a background thread with ``overlap``.
+
+    Parameters
+    ----------
+    data, num_neighbors, *args, **kwargs
+        As for PyG's ``NeighborLoader``.  Seed nodes outside the graph raise
+        ``IndexError`` here, before any sampling.
+    lookahead : int
+        Batches sampled ahead (default 4).
+    sample_in_thread, overlap : bool, optional
+        As for :class:`directload.loaders.dgl.DataLoader`.
+    affinity : {"cuda", "host"}
+        Affinity of the unified node tables made from a ``Data``: ``"cuda"``
+        gathers straight onto the GPU where one exists.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch_geometric.data import Data
+    >>> from directload.loaders.pyg import NeighborLoader
+    >>> data = Data(x=torch.randn(100, 8), edge_index=torch.randint(0, 100, (2, 500)))
+    >>> batch = next(iter(NeighborLoader(data, num_neighbors=[5, 5], batch_size=10)))
+    >>> torch.equal(batch.x, data.x[batch.n_id])
+    True
+    """
+
+    def __init__(self, data, num_neighbors, *args, lookahead=4, sample_in_thread=None, overlap=None,
+                 affinity="cuda", **kwargs):
+        if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1:
+            raise ValueError(f"lookahead must be a positive integer, got {lookahead!r}")
+        batch_size = kwargs.get("batch_size", 1)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        _check_sampler()
+        if isinstance(data, (Data, HeteroData)):
+            data = unified_data(data, affinity=affinity)
+        if kwargs.get("filter_per_worker") is None and not kwargs.get("num_workers"):
+            # Without workers, gather features in our pipeline (after sampling ahead) rather than
+            # inside the sampling step; with workers, PyG's default gathers them in the workers.
+            kwargs["filter_per_worker"] = False
+        super().__init__(data, num_neighbors, *args, **kwargs)
+        _check_seeds(self.input_data, self.node_sampler)
+        self.lookahead = lookahead
+        self.sample_in_thread = resolve_sampling(sample_in_thread, self.num_workers)
+        self.overlap = resolve_overlap(overlap, "cpu", os.cpu_count() or 1, torch.get_num_threads())
+
+    def _get_iterator(self):
+        if self.persistent_workers and self.num_workers > 0:
+            return super()._get_iterator()  # torch keeps and resets this iterator between epochs
+        if self.filter_per_worker:
+            # The workers sample and gather: the pipeline only looks ahead at finished batches.
+            batches, finish, ids_of, announce = super()._get_iterator(), _identity, _batch_ids, None
+        else:
+            stores = self.data if isinstance(self.data, tuple) else None
+            batches, finish, ids_of = torch.utils.data.DataLoader._get_iterator(self), self.filter_fn, _sampled_ids
+            announce = (lambda out: _announce(out, stores[0])) if stores else None
+        pipeline = Pipeline(batches, start=_identity, finish=finish, announce=announce, ids_of=ids_of, device="cpu",
+                            lookahead=self.lookahead, sample_in_thread=self.sample_in_thread, overlap=self.overlap)
+        pipeline.prime()
+        return Epoch(pipeline)
+
+
+def _check_sampler():
+    """``ImportError`` naming the extra when PyG has no neighbour sampler (PyG alone would fail mid-epoch)."""
+    import torch_geometric.typing as pyg_typing
+
+    if not (pyg_typing.WITH_PYG_LIB or pyg_typing.WITH_TORCH_SPARSE):
+        raise ImportError(
+            f"PyG's NeighborLoader needs pyg-lib or torch-sparse, and neither loads here (torch "
+            f"{torch.__version__}): pip install 'directload[pyg]', then build torch-sparse against this torch "
+            "with --no-build-isolation (see the README's install matrix; scripts/dev.sh does it)")
+
+
+def _identity(x):
+    return x
+
+
+def _sampled_ids(out):
+    return out.node
+
+
+def _batch_ids(batch):
+    if isinstance(batch, HeteroData):
+        return {node_type: batch[node_type].n_id for node_type in batch.node_types}
+    return batch.n_id
+
+
+def _announce(out, feature_store):
+    if not isinstance(feature_store, FeatureStore):
+        return
+    if isinstance(out.node, Mapping):
+        for node_type, ids in out.node.items():
+            feature_store.prefetch(ids, node_type)
+    else:
+        feature_store.prefetch(out.node)
+
+
+def _check_seeds(input_data, sampler):
+    """``IndexError`` for seed nodes outside the graph (the sampler would read out of bounds)."""
+    nodes = input_data.node
+    if nodes is None or not nodes.numel():
+        return
+    if nodes.is_floating_point() or nodes.dtype == torch.bool:
+        raise TypeError(f"seed nodes must be integer ids or a boolean mask, got {nodes.dtype}")
+    n = sampler.num_nodes
+    node_type = input_data.input_type
+    if isinstance(n, Mapping):
+        n = n[node_type]
+    lo, hi = int(nodes.min()), int(nodes.max())
+    if lo < 0 or hi >= n:
+        bad = lo if lo < 0 else hi
+        what = f" of type {node_type!r}" if node_type is not None else ""
+        raise IndexError(f"seed node id {bad}{what} is outside the graph's {n} nodes (valid 0..{n - 1})")
