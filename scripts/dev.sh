@@ -16,8 +16,9 @@ PYG_TORCH=2.12.1  # the newest torch that PyG 2.8.1 lists
 SCATTER=2.1.2
 SPARSE=0.6.18
 # torch-scatter and torch-sparse are published as source only and must be built against the installed
-# torch; pip's own wheel cache ignores the torch version, so the built wheels live in a wheelhouse per
-# torch version (outside the checkout, so clean clones reuse them).
+# torch. pip's own wheel cache ignores the torch version (it would hand back a wheel built against another
+# torch), so it is bypassed (--no-cache-dir) and the built wheels live in a wheelhouse per torch version
+# (outside the checkout, so clean clones reuse them).
 WHEELHOUSE=${DIRECTLOAD_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/directload/wheelhouse}
 export DGLBACKEND=pytorch
 
@@ -53,13 +54,13 @@ _build_sampler_wheels() {  # $1 venv: build (once per torch version) and print t
         echo "   building torch-scatter $SCATTER against $tag (about 2 minutes)" >&2
         cfg=$(mktemp)
         printf '[build_ext]\nparallel = 2\n' > "$cfg"  # two compile jobs; this breaks torch-sparse's build
-        CFLAGS=-g0 DIST_EXTRA_CONFIG="$cfg" "$venv/bin/python" -m pip wheel --quiet --no-deps \
+        CFLAGS=-g0 DIST_EXTRA_CONFIG="$cfg" "$venv/bin/python" -m pip wheel --quiet --no-deps --no-cache-dir \
             --no-build-isolation "torch-scatter==$SCATTER" -w "$wh" >&2
         rm -f "$cfg"
     fi
     if ! compgen -G "$wh/torch_sparse-$SPARSE-*.whl" >/dev/null; then
         echo "   building torch-sparse $SPARSE against $tag (about 6 minutes)" >&2
-        CFLAGS=-g0 "$venv/bin/python" -m pip wheel --quiet --no-deps --no-build-isolation \
+        CFLAGS=-g0 "$venv/bin/python" -m pip wheel --quiet --no-deps --no-cache-dir --no-build-isolation \
             "torch-sparse==$SPARSE" -w "$wh" >&2
     fi
     echo "$wh"
