@@ -30,7 +30,7 @@ setup(
     python_requires=">=3.11,<3.14",
     # kernels/ and loaders/ install as directload.kernels and directload.loaders,
     # so nothing lands under a generic top-level name.
-    packages=["directload", "directload.datasets", "directload.kernels", "directload.loaders",
+    packages=["directload", "directload.datasets", "directload.stores", "directload.kernels", "directload.loaders",
               "directload.loaders.dgl", "directload.loaders.pyg"],
     package_dir={
         "directload": "directload",
@@ -47,6 +47,7 @@ setup(
         "tqdm",
         "matplotlib",
         "psutil",
+        "crc32c>=2.3",
     ],
     extras_require={
         # DGL's loader and the DGL training harness (the only torch DGL runs on).

@@ -29,6 +29,9 @@ class Capabilities:
         ``NUMBA_ENABLE_CUDASIM=1``: Numba CUDA kernels run on the CPU simulator.
     io_uring : bool
         The ``liburing`` package imports and the kernel lets it set up a ring.
+    disk_reads : str
+        The read path of :class:`directload.stores.DiskStore`: ``"io_uring"``,
+        or ``"pread"`` (a thread pool) where io_uring is missing.
     cpu_threads : int
         Threads a parallel CPU gather uses (at the time of the probe).
     cpu_team : str
@@ -47,6 +50,7 @@ class Capabilities:
     numba_cuda: str
     cudasim: bool
     io_uring: bool
+    disk_reads: str
     cpu_threads: int
     cpu_team: str
     host_memory: str
@@ -127,6 +131,7 @@ def capabilities():
 
     cudasim = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
     cuda, count, name = _cuda()
+    uring = _io_uring()
     return Capabilities(
         cuda=cuda,
         device_count=count,
@@ -135,7 +140,8 @@ def capabilities():
         nvrtc=_nvrtc(),
         numba_cuda=_numba_cuda(cudasim),
         cudasim=cudasim,
-        io_uring=_io_uring(),
+        io_uring=uring,
+        disk_reads="io_uring" if uring else "pread",
         cpu_threads=cpu.get_num_threads(),
         cpu_team=cpu.team(),
         host_memory="pinned-mapped" if cuda else "host",

@@ -16,7 +16,7 @@ DESCRIPTION = ("directload: zero-copy GPU feature loading for mini-batch GNN tra
                "the frameworks' own loaders.  Everything also runs on a machine without a GPU.")
 
 _BENCH = {"gather": "gather_bandwidth.py", "alignment": "alignment_sweep.py", "unified": "unified_gather.py",
-          "loader": "loader_e2e.py", "gpu": "gpu_suite.py"}
+          "loader": "loader_e2e.py", "gpu": "gpu_suite.py", "disk": "disk_read.py"}
 _SOURCE_TREE = Path(__file__).resolve().parent.parent
 
 
@@ -99,8 +99,35 @@ def _synth(args):
 def _convert(args):
     from directload.datasets import convert
 
-    print(f"wrote {convert(args.root, args.name)}")
+    if args.to == "npy" or args.input is None:
+        if args.name is None:
+            raise ValueError("name the dataset (--name), or give --input FILE.npy with --to disk")
+        npy = convert(args.root, args.name)
+        if args.to == "npy":
+            print(f"wrote {npy}")
+            return 0
+        source, out = npy, npy.parent.parent / "disk" / "node-feat.npy"
+    else:
+        source = Path(args.input)
+        out = source.with_name(source.stem + ".disk.npy")
+    from directload.stores import write_disk_store
+
+    out = write_disk_store(source, Path(args.out) if args.out else out, overwrite=args.overwrite,
+                           progress=not args.no_progress)
+    print(f"wrote the disk store {out} (open it with directload.stores.DiskStore)")
     return 0
+
+
+def _verify(args):
+    from directload.stores import verify
+
+    report = verify(args.path, progress=not args.no_progress)
+    bad = report["bad_chunks"]
+    for index, first, last in bad:
+        print(f"chunk {index} (bytes {first}-{last}): checksum mismatch")
+    print(f"{report['path']}: {report['chunks']} chunks, {report['bytes']} bytes, "
+          f"{'all match' if not bad else f'{len(bad)} bad'}")
+    return 1 if bad else 0
 
 
 def _bench(args):
@@ -117,8 +144,8 @@ def add_train_arguments(p):
                    help="DGL (blocks, DGL's DataLoader) or PyG (NeighborLoader, PyG's convolutions); the default "
                         "is whichever is installed, DGL first")
     p.add_argument("--dataset", default="synth-small",
-                   help="a synthetic preset (synth-tiny, synth-small, synth-medium, synth-large; generated when "
-                        "missing) or an OGB node-property dataset already under --root")
+                   help="a synthetic preset (synth-tiny, synth-small, synth-medium, synth-large, synth-ooc; generated "
+                        "when missing) or an OGB node-property dataset already under --root")
     p.add_argument("--root", default="data", help="directory that holds the datasets")
     p.add_argument("--epochs", type=_positive_int, default=3,
                    help="epochs per run; the report leaves the first out when there are more")
@@ -135,6 +162,15 @@ def add_train_arguments(p):
     p.add_argument("--out", default=None,
                    help="directory for the JSON and PNG (default: benchmarks/results in a source checkout, "
                         "else directload-results)")
+    p.add_argument("--features", choices=["memory", "disk"], default="memory",
+                   help="memory: the memory-mapped feature table; disk: directload's loader reads the dataset's "
+                        "disk store (io_uring, O_DIRECT; written on first use) while the framework's loader reads "
+                        "the memory-mapped .npy")
+    p.add_argument("--eval-nodes", type=_non_negative_int, default=0,
+                   help="evaluate on this many nodes of each split, the same for every run (0: all)")
+    p.add_argument("--memory-limit", default=None,
+                   help="cap the run's host memory (its pages and the page cache it fills) with a memory cgroup, "
+                        "e.g. 1.5G; needs root.  The feature files' cached pages are dropped first")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -156,29 +192,62 @@ def run_training(args, models, loaders, seeds, name):
     from directload.capabilities import capabilities, require, usable_device
     from directload.datasets import PRESETS, check_name, dataset_exists, load, synthesize
     from directload.experiments import compare, print_summary, write_report
+    from directload.memcap import drop_page_cache, limit_memory, parse_size
     from directload.train import TrainConfig, resolve_depth
 
     # Bad arguments get their own error before any work, a missing framework after them.
     device = usable_device(args.device)
     layers, fanouts = resolve_depth(args.layers, args.fanouts)
     check_name(args.dataset)
+    limit = parse_size(args.memory_limit) if getattr(args, "memory_limit", None) else None
     require({"dgl": "dgl", "pyg": "torch_geometric"}[args.framework])
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.dataset in PRESETS and not dataset_exists(args.root, args.dataset):
         synthesize(args.root, args.dataset, progress=not args.no_progress)  # one made with other options is kept
+    features = getattr(args, "features", "memory")
+    files = _feature_files(args, features)
+    if limit is not None:
+        group = limit_memory(limit)
+        for f in files:
+            drop_page_cache(f)
+        print(f"host memory capped at {limit / 2**30:.2f} GiB (cgroup {group}); the feature files' cached "
+              "pages were dropped", flush=True)
     dataset = load(args.root, args.dataset)
     base = TrainConfig(epochs=args.epochs, device=str(device), num_workers=args.num_workers, hidden=args.hidden,
                        lr=args.lr, batch_size=args.batch_size, layers=layers, fanouts=fanouts,
-                       framework=args.framework, loader="directload")
+                       framework=args.framework, loader="directload", features=features,
+                       eval_nodes=getattr(args, "eval_nodes", 0))
     rows = compare(dataset, base, models=models, loaders=loaders, seeds=seeds, progress=not args.no_progress)
     meta = {"dataset": args.dataset, "framework": args.framework, "device": str(device), "nodes": dataset.num_nodes,
             "edges": dataset.num_edges, "feats": int(dataset.feat.shape[1]), "epochs": args.epochs,
-            "torch_threads": torch.get_num_threads(), "capabilities": capabilities().as_dict()}
+            "torch_threads": torch.get_num_threads(), "capabilities": capabilities().as_dict(),
+            "features": features, "memory_limit": limit,
+            "feature_file_bytes": sum(os.path.getsize(f) for f in files)}
     path, summary = write_report(rows, args.out or _default_out(), name, meta)
     print_summary(summary, meta)
     print(f"wrote {path} and {path.with_suffix('.png')}")
     return 0
+
+
+def _feature_files(args, features):
+    """The dataset's feature files (the .npy, and the disk store with ``--features disk``, written here on
+    first use), or none when its features live inside OGB's archive."""
+    from directload.datasets import FEATURE_FILE, convert, dataset_dir
+    from directload.train import DISK_FILE
+
+    base = dataset_dir(args.root, args.dataset)
+    npy = base / "raw" / FEATURE_FILE
+    if features != "disk":
+        return [npy] if npy.exists() else []
+    if not npy.exists():
+        npy = convert(args.root, args.dataset)  # features inside OGB's archive: write the .npy first
+    store = base / DISK_FILE
+    if not store.exists():
+        from directload.stores import write_disk_store
+
+        write_disk_store(npy, store, progress=not args.no_progress)
+    return [npy, store]
 
 
 def _train(args):
@@ -196,7 +265,7 @@ def build_parser():
                        help="show the full traceback of an error")
     parser = argparse.ArgumentParser(prog="directload", description=DESCRIPTION, formatter_class=HelpFormatter)
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{info,dataset,bench,train}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{info,dataset,store,bench,train}")
 
     def command(parent, name, help_text):
         return parent.add_parser(name, help=help_text, description=help_text, parents=[debug],
@@ -211,8 +280,8 @@ def build_parser():
     p = command(ds_sub, "synth", "generate a synthetic node-classification dataset in OGB's on-disk layout")
     p.add_argument("--root", default="data", help="directory to write the dataset into")
     p.add_argument("--name", default="synth-small",
-                   help="dataset name, one plain path component; the presets synth-tiny, synth-small, synth-medium "
-                        "and synth-large pick their sizes")
+                   help="dataset name, one plain path component; the presets synth-tiny, synth-small, synth-medium, "
+                        "synth-large and synth-ooc pick their sizes")
     p.add_argument("--nodes", type=_positive_int, help="number of nodes (default: the preset's)")
     p.add_argument("--degree", type=_positive_int, help="average degree, both directions (default: the preset's)")
     p.add_argument("--feats", type=_positive_int, help="features per node (default: the preset's)")
@@ -225,15 +294,33 @@ def build_parser():
                    help="regenerate a dataset this command made before (never touches other directories)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_synth)
-    p = command(ds_sub, "convert", "add a memory-mappable raw/node-feat.npy to an OGB dataset on disk")
+    p = command(ds_sub, "convert", "add a memory-mappable raw/node-feat.npy to an OGB dataset on disk, or write "
+                                   "a dataset's (or a .npy file's) features as a disk store (--to disk)")
     p.add_argument("--root", default="data", help="directory that holds the dataset")
-    p.add_argument("--name", required=True, help="the dataset, for example ogbn-products")
+    p.add_argument("--name", help="the dataset, for example ogbn-products")
+    p.add_argument("--to", choices=["npy", "disk"], default="npy",
+                   help="npy: raw/node-feat.npy for memory mapping; disk: a disk store (4 KiB-aligned rows and a "
+                        "checksummed sidecar) for directload.stores.DiskStore, in <dataset>/disk/node-feat.npy")
+    p.add_argument("--input", help="with --to disk: a .npy file to convert instead of a dataset's features")
+    p.add_argument("--out", help="with --to disk: where to write the store (default: see --to; for --input, "
+                                 "FILE.disk.npy next to it)")
+    p.add_argument("--overwrite", action="store_true", help="replace a disk store directload wrote before")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_convert)
+
+    st = command(sub, "store", "check a disk store")
+    st_sub = st.add_subparsers(dest="action", required=True, metavar="{verify}")
+    p = command(st_sub, "verify", "check every chunk of a disk store against its sidecar's checksums (exit 1 if "
+                                  "any differs)")
+    p.add_argument("path", help="the store's .npy file")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=_verify)
 
     p = command(sub, "bench", "run a benchmark script from benchmarks/ (each prints a table, writes JSON and PNG)")
     p.add_argument("which", choices=sorted(_BENCH),
                    help="gather: gather bandwidth; alignment: the alignment sweep; unified: unified-tensor "
-                        "gathers; loader: training epochs, DGL's loader against ours (GraphSAGE by default); "
+                        "gathers; disk: random row reads from disk, DiskStore against fio and np.memmap; "
+                        "loader: training epochs, DGL's loader against ours (GraphSAGE by default); "
                         "gpu: the GPU suite")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the script (see its --help)")
     p.set_defaults(func=_bench)

@@ -69,6 +69,10 @@ def summarize(rows):
                "first_epoch_left_out": len(rs[0]["epochs"]) > 1}
         for key in TIME_KEYS:
             row[key] = statistics.median(_steady(r["epochs"], key) for r in rs)
+        row["first_epoch_s"] = statistics.median(r["epochs"][0]["epoch_s"] for r in rs)
+        ios = [e["io"] for r in rs for e in r["epochs"][1:] or r["epochs"] if e.get("io")]
+        if ios:  # the disk store's counters over the steady epochs
+            row["disk"] = {key: statistics.median(io[key] for io in ios) for key in ios[0]}
         row["valid_acc_pct"] = 100 * statistics.mean(r["valid_acc"] for r in rs)
         row["test_acc_pct"] = 100 * statistics.mean(r["test_acc"] for r in rs)
         ref = {r["seed"]: r for r in rows if r["model"] == model and r["loader"] in STOCK}
@@ -119,7 +123,8 @@ def print_summary(summary, meta):
     print(f"\n{meta['dataset']}: {meta['nodes']} nodes, {meta['edges']} edges, {meta['feats']} features; "
           f"{meta['device']}, {meta['torch_threads']} torch threads; {how}")
     cols = [("model", "model", "s"), ("loader", "loader", "s"), ("seeds", "seeds", "d"),
-            ("epoch_s", "epoch s", ".3f"), ("sample_s", "sample s", ".3f"), ("gather_s", "gather s", ".3f"),
+            ("first_epoch_s", "first epoch s", ".3f"), ("epoch_s", "epoch s", ".3f"),
+            ("sample_s", "sample s", ".3f"), ("gather_s", "gather s", ".3f"),
             ("train_s", "train s", ".3f"), ("wait_s", "wait s", ".3f"), ("valid_acc_pct", "valid acc %", ".2f"),
             ("test_acc_pct", "test acc %", ".2f")]
     ref = {"dgl": "DGL", "pyg": "PyG"}.get(next((r["reference"] for r in summary if "reference" in r), ""), "own")
@@ -138,6 +143,12 @@ def print_summary(summary, meta):
     print("  ".join(h.rjust(w) for h, w in zip(header, widths)))
     for row in table:
         print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
+    for r in summary:
+        if r.get("disk"):
+            d = r["disk"]
+            print(f"{r['model']}/{r['loader']} disk store per steady epoch: {d['reads']:.0f} reads, "
+                  f"{d['bytes_read'] / 1e9:.3f} GB read (amplification {d['read_amplification']:.2f}), "
+                  f"{d['iops']:.0f} IOPS, {d['gb_per_s']:.3f} GB/s, {d['cpu_us_per_read']:.2f} CPU us/read")
 
 
 def _plot(summary, path, meta):

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 __all__ = ["TrainConfig", "EpochStats", "RunResult", "train", "evaluate", "TimedTable", "resolve_depth",
-           "DEFAULT_FANOUTS", "FRAMEWORKS"]
+           "disk_store", "DEFAULT_FANOUTS", "FRAMEWORKS"]
 
 #: Frameworks a run may use, and the name of each one's own loader in reports.
 FRAMEWORKS = ("dgl", "pyg")
@@ -62,6 +62,10 @@ class TrainConfig:
     heads.  Hidden sizes are smaller than DGL's so CPU runs stay short.
     ``fanouts[i]`` is the fanout of layer ``i`` (DGL's convention: the last
     layer's is the first hop from the seeds); PyG runs sample the same hops.
+    ``features="disk"`` gives directload's loader the dataset's disk store
+    (:func:`disk_store`) while the framework's loader reads the memory-mapped
+    ``.npy`` file; ``eval_nodes`` evaluates on that many nodes of each split
+    (the same ones for every run; 0 for all).
     """
 
     model: str = "sage"
@@ -80,6 +84,8 @@ class TrainConfig:
     device: str = "cpu"
     num_workers: int = 0
     lookahead: int = 4
+    features: str = "memory"
+    eval_nodes: int = 0
 
     def __post_init__(self):
         if self.model not in ("sage", "gat"):
@@ -95,6 +101,10 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
+        if self.features not in ("memory", "disk"):
+            raise ValueError(f"features must be 'memory' or 'disk', got {self.features!r}")
+        if self.eval_nodes < 0:
+            raise ValueError(f"eval_nodes must be >= 0 (0: every node of the split), got {self.eval_nodes}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if not 0 <= self.dropout < 1:
@@ -111,7 +121,8 @@ class EpochStats:
     training thread for the framework's loader, in directload's pipeline for
     its own (overlapping ``train_s`` only where that runs on background
     threads).  ``wait_s`` is the time the training loop waited for a batch;
-    ``epoch_s = wait_s + train_s`` up to loop overhead.  For a framework's
+    ``epoch_s = wait_s + train_s`` up to loop overhead.  ``io`` holds the disk
+    store's counters for the epoch (``features="disk"``, directload's loader).  For a framework's
     loader ``gather_s`` is its feature-table slicing alone; for directload's
     PyG loader it is PyG's whole filter step (features, labels and the
     subgraph's edges), so it overstates directload's share there.
@@ -126,6 +137,7 @@ class EpochStats:
     batches: int
     loss: float
     valid_acc: float = float("nan")
+    io: dict = None
 
 
 @dataclass
@@ -167,10 +179,39 @@ def _seed(fw, seed):
     fw.seed(seed)
 
 
+DISK_FILE = "disk/node-feat.npy"
+_IO_KEYS = ("reads", "bytes_read", "read_amplification", "iops", "gb_per_s", "cpu_us_per_read", "io_seconds")
+
+
+def disk_store(dataset):
+    """The dataset's features as a :class:`~directload.stores.DiskStore` (``<dataset>/disk/node-feat.npy``),
+    opened once per dataset object.  ``directload dataset convert --to disk`` writes it."""
+    store = getattr(dataset, "_disk_store", None)
+    if store is None or store.closed:
+        from directload.stores import DiskStore
+
+        path = dataset.path / DISK_FILE
+        if not path.exists():
+            raise FileNotFoundError(f"{path} does not exist: write it with `directload dataset convert --to disk "
+                                    f"--name {dataset.name}`")
+        store = DiskStore(path)
+        dataset._disk_store = store
+    return store
+
+
+def _eval_ids(ids, n):
+    """The same ``n`` of ``ids`` for every run (all when ``n`` is 0 or covers them)."""
+    if not n or n >= len(ids):
+        return ids
+    pick = torch.randperm(len(ids), generator=torch.Generator().manual_seed(len(ids)))[:n]
+    return ids[pick.sort().values]
+
+
 @torch.no_grad()
 def evaluate(model, cfg, dataset, ids, *, fw=None):
-    """Accuracy on ``ids`` with the run's loader and fanouts."""
+    """Accuracy on ``ids`` (``cfg.eval_nodes`` of them, when set) with the run's loader and fanouts."""
     fw = fw or _framework(cfg)
+    ids = _eval_ids(ids, cfg.eval_nodes)
     model.eval()
     correct = total = 0
     for batch in fw.epoch(fw.make_loader(cfg, dataset, ids, cfg.eval_batch_size, False)):
@@ -194,8 +235,11 @@ def train(dataset, cfg, *, progress=True, evaluate_each_epoch=False):
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     result = RunResult(config=asdict(cfg))
     loader = fw.make_loader(cfg, dataset, dataset.split["train"], cfg.batch_size, True)
+    store = disk_store(dataset) if cfg.features == "disk" and cfg.loader == "directload" else None
     for epoch in range(cfg.epochs):
         TimedTable.seconds = 0.0
+        if store is not None:
+            store.reset_stats()
         train_s = wait_s = 0.0
         losses = []
         t_epoch = time.perf_counter()
@@ -227,6 +271,9 @@ def train(dataset, cfg, *, progress=True, evaluate_each_epoch=False):
             gather_s = TimedTable.seconds
             sample_s = wait_s - gather_s  # the rest of next() is sampling (and batch assembly)
         stats = EpochStats(epoch, epoch_s, sample_s, gather_s, train_s, wait_s, len(losses), float(np.mean(losses)))
+        if store is not None:
+            io = store.stats()
+            stats.io = {key: io[key] for key in _IO_KEYS}
         if evaluate_each_epoch:
             stats.valid_acc = evaluate(model, cfg, dataset, dataset.split["valid"], fw=fw)
         result.epochs.append(stats)

@@ -10,7 +10,7 @@ import dgl.nn as dglnn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from .train import TimedTable  # noqa: E402
+from .train import TimedTable, disk_store  # noqa: E402
 
 __all__ = ["SAGE", "GAT", "build_model", "make_loader", "epoch", "forward", "seed"]
 
@@ -77,7 +77,8 @@ def make_loader(cfg, dataset, ids, batch_size, shuffle):
     from directload.loaders.dgl import DataLoader
 
     graph.ndata["feat"] = feat
-    return DataLoader(graph, ids, sampler, lookahead=cfg.lookahead, **kw)
+    features = {"feat": disk_store(dataset)} if cfg.features == "disk" else None
+    return DataLoader(graph, ids, sampler, lookahead=cfg.lookahead, features=features, **kw)
 
 
 def epoch(loader):

@@ -23,7 +23,7 @@ from directload.files import CorruptFileError, npy_layout
 
 from .synthetic import META_FILE, check_name, dataset_files
 
-__all__ = ["Dataset", "load", "convert", "ogb_meta_dict", "FEATURE_FILE", "IncompleteDatasetError",
+__all__ = ["Dataset", "load", "convert", "dataset_dir", "ogb_meta_dict", "FEATURE_FILE", "IncompleteDatasetError",
            "SplitIndexError"]
 
 #: A memory-mappable copy of the node features, beside OGB's files.
@@ -192,7 +192,8 @@ def _read_split(path, info):
                                    .values.T[0].astype(np.int64)) for part in ("train", "valid", "test")}
 
 
-def _dataset_dir(root, name):
+def dataset_dir(root, name):
+    """The directory of dataset ``name`` under ``root`` (OGB's ``<name>_dgl`` copy when only that exists)."""
     base = Path(root) / name.replace("-", "_")
     dgl_dir = Path(root) / (base.name + "_dgl")  # OGB's own name for a DGL-processed copy
     return dgl_dir if dgl_dir.exists() and not base.exists() else base
@@ -234,7 +235,7 @@ def load(root, name, *, affinity="cuda", pin="auto", quiet=True):
     import directload
 
     check_name(name)
-    path = _dataset_dir(root, name)
+    path = dataset_dir(root, name)
     if not (path / "raw").exists() and not (path / "processed").exists():
         raise FileNotFoundError(f"no dataset {name!r} under {root}: generate one with `directload dataset synth` "
                                 f"or place OGB's {name} files there (this never downloads)")
@@ -294,14 +295,17 @@ def convert(root, name, *, quiet=True):
     memory.  Returns the file's path.
     """
     check_name(name)
-    path = _dataset_dir(root, name)
+    path = dataset_dir(root, name)
     if not path.exists():
         raise FileNotFoundError(f"no dataset {name!r} under {root}")
     _check_complete(path, name)
+    out = path / "raw" / FEATURE_FILE
     _, _, feat, _ = _read_graph(path, _meta_info(path, name), quiet, need_feat=True)
     if feat is None:
+        if out.exists():
+            npy_layout(out)  # a readable .npy: the features already live there
+            return out
         raise ValueError(f"{name} has no node features to convert")
-    out = path / "raw" / FEATURE_FILE
     out.parent.mkdir(parents=True, exist_ok=True)
     feat = np.ascontiguousarray(feat)
     if out.exists():

@@ -199,3 +199,10 @@ def test_meta_is_written_with_the_dataset(tmp_path):
     meta = json.loads((path / META_FILE).read_text())
     assert meta["config"]["num_feats"] == 4 and meta["name"] == "d"
     assert torch.equal(load(tmp_path, "d").labels, load(tmp_path, "d").labels)
+
+
+@pytest.mark.ogb
+def test_convert_of_a_dataset_whose_features_are_already_a_npy_returns_it(tmp_path):
+    path = synthesize(tmp_path, "d", SMALL, progress=False)  # features in raw/node-feat.npy, not in data.npz
+    out = convert(tmp_path, "d")
+    assert out == path / "raw" / "node-feat.npy" and np.load(out).shape == (400, 4)

@@ -1,0 +1,16 @@
+"""Feature stores: one contract (:class:`FeatureStore`) over every place rows live.
+
+* :class:`TensorStore`: a tensor in memory (plain, pinned, unified or on a GPU).
+* :class:`DiskStore`: a ``.npy`` file on an SSD, read with io_uring and O_DIRECT.
+
+:func:`write_disk_store` writes a table (array, tensor, ``.npy`` file or
+dataset) as a disk store with checksums, and :func:`verify` checks them.
+"""
+
+from .base import ClosedError, FeatureStore, ReadFuture, read_devices
+from .disk import DirectIOWarning, DiskStore, io_path
+from .disk_format import read_layout, verify, write_disk_store
+from .tensor import TensorStore
+
+__all__ = ["FeatureStore", "ReadFuture", "TensorStore", "DiskStore", "DirectIOWarning", "ClosedError",
+           "write_disk_store", "verify", "read_layout", "read_devices", "io_path"]

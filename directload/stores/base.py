@@ -1,0 +1,255 @@
+"""The feature-store contract: rows by id, read now or in the background, from any tier.
+
+Every store (a tensor in memory, a file on an SSD, and later the caches in
+front of them) answers the same small set of questions, following PyG's
+``FeatureStore`` and GraphBolt's ``Feature``: how many rows, of what shape and
+type, and the rows at these ids, now (:meth:`FeatureStore.read`) or later
+(:meth:`FeatureStore.read_async`).  The public methods check their input and
+then call protected hooks, so a bad id or a wrong ``out`` raises a typed error
+before any kernel runs, whatever the store.
+"""
+
+import threading
+
+import numpy as np
+import torch
+
+from directload.unified import ClosedError
+
+__all__ = ["FeatureStore", "ReadFuture", "read_devices", "ClosedError"]
+
+
+def read_devices(index_device, requested, store_device):
+    """Where a read runs and where its result lives: ``(run_device, out_device)``.
+
+    The one rule every store follows.  The result lives on ``requested`` when
+    given, else on the index's device.  The read runs on the GPU when the result
+    is on a GPU, or when the store itself lives in GPU memory (its rows are
+    gathered there, then copied out); otherwise on the CPU.
+
+    Parameters
+    ----------
+    index_device, requested, store_device : torch.device or None
+        ``store_device`` is where the rows live: ``cpu`` for host memory (plain,
+        pinned or unified) and files, ``cuda:N`` for GPU memory.
+
+    Examples
+    --------
+    >>> cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    >>> read_devices(cpu, None, cpu)
+    (device(type='cpu'), device(type='cpu'))
+    >>> read_devices(cpu, gpu, cpu)
+    (device(type='cuda', index=0), device(type='cuda', index=0))
+    >>> read_devices(gpu, cpu, gpu)
+    (device(type='cuda', index=0), device(type='cpu'))
+    """
+    out = torch.device(requested) if requested is not None else torch.device(index_device)
+    if out.type == "cuda" and out.index is None:
+        out = torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
+    if out.type not in ("cpu", "cuda"):
+        raise ValueError(f"feature stores read to the CPU or a CUDA device, not {out}")
+    store = torch.device(store_device)
+    run = out if out.type == "cuda" else (store if store.type == "cuda" else torch.device("cpu"))
+    return run, out
+
+
+class ReadFuture:
+    """A read in flight.  :meth:`wait` gives the rows, or raises what the read raised.
+
+    ``wait`` may be called any number of times and from any thread; it blocks
+    until the read is done, then returns the same tensor (or raises the same
+    exception) each time.  A failure on a background thread always reaches the
+    caller here: nothing is swallowed.
+    """
+
+    def __init__(self, run=None, *, future=None, result=None):
+        self._run, self._future, self._result = run, future, result
+        self._error = None
+        self._lock = threading.Lock()
+
+    def wait(self):
+        """The rows (``[len(ids), *row_shape]``), once the read is complete."""
+        with self._lock:
+            if self._future is not None:
+                try:
+                    self._result = self._future.result()
+                except BaseException as exc:  # the worker's own exception, traceback intact
+                    self._error = exc
+                self._future = None
+            elif self._run is not None:
+                run, self._run = self._run, None
+                try:
+                    self._result = run()
+                except BaseException as exc:
+                    self._error = exc
+            if self._error is not None:
+                raise self._error
+            return self._result
+
+    def done(self):
+        """Whether :meth:`wait` would return at once."""
+        future = self._future
+        return self._run is None and (future is None or future.done())
+
+
+def _as_index(ids):
+    """``ids`` as a 1-D int64/int32 tensor (numpy arrays and lists accepted), or a typed error."""
+    if isinstance(ids, torch.Tensor):
+        t = ids
+    elif isinstance(ids, np.ndarray):
+        if ids.dtype.kind not in "iu":
+            raise TypeError(f"ids must be integers, got a numpy array of {ids.dtype}")
+        if ids.dtype == np.uint64 and ids.size and int(ids.max()) > np.iinfo(np.int64).max:
+            raise IndexError(f"row id {int(ids.max())} is out of range")
+        t = torch.from_numpy(np.ascontiguousarray(ids).astype(np.int64, copy=False))
+    elif isinstance(ids, (list, tuple, range)):
+        if any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) for i in ids):
+            raise TypeError("ids must be integers")
+        t = torch.tensor(list(ids), dtype=torch.int64) if len(ids) else torch.empty(0, dtype=torch.int64)
+    else:
+        raise TypeError(f"ids must be a tensor, a numpy array or a list of integers, not {type(ids).__name__}")
+    if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
+        raise TypeError(f"ids must be integer row ids, got {t.dtype}")
+    if t.dim() != 1:
+        raise ValueError(f"ids must be 1-D, got shape {tuple(t.shape)}")
+    if t.dtype not in (torch.int32, torch.int64):
+        t = t.to(torch.int64)
+    return t
+
+
+class FeatureStore:
+    """A table of rows, read by id.  Subclasses implement the protected hooks.
+
+    Memory contract
+    ---------------
+    * **Where the result lives.**  On ``device`` when given, else on the
+      index's device (see :func:`read_devices`): a CPU index gives a CPU
+      tensor and a CUDA index a tensor on that GPU, whatever the store holds.
+    * **``out``.**  Optional; ``[len(ids), *row_shape]``, the store's dtype,
+      contiguous, on the result device.  The read writes into it and returns
+      it.  Do not touch it until :meth:`ReadFuture.wait` has returned; after
+      that it is yours again and may be reused for the next read.
+    * **A result without ``out``** is a new tensor that nothing else writes.
+    * **Closing.**  :meth:`close` lets reads already started finish (their
+      futures still give their rows), then frees the store's resources; any
+      later read raises :class:`ClosedError`.  ``close`` is idempotent, and
+      ``with store:`` closes on exit.
+    * **Errors.**  Ids that are not 1-D integers raise ``TypeError`` /
+      ``ValueError``, ids outside ``[0, num_rows)`` raise ``IndexError`` and a
+      wrong ``out`` raises ``ValueError``, all before any read starts.  I/O
+      errors raise from ``wait()``.
+    """
+
+    #: ``torch.device`` where the rows live (``cpu`` for host memory and files).
+    location = torch.device("cpu")
+
+    def __init__(self):
+        self._closed = False
+
+    # ----------------------------------------------------------------- shape
+    @property
+    def num_rows(self):
+        raise NotImplementedError
+
+    @property
+    def row_shape(self):
+        raise NotImplementedError
+
+    @property
+    def dtype(self):
+        raise NotImplementedError
+
+    @property
+    def shape(self):
+        """``(num_rows, *row_shape)``."""
+        return (self.num_rows, *self.row_shape)
+
+    @property
+    def row_nbytes(self):
+        """Bytes per row."""
+        return int(np.prod(self.row_shape, dtype=np.int64)) * torch.empty(0, dtype=self.dtype).element_size()
+
+    def __len__(self):
+        return self.num_rows
+
+    # ----------------------------------------------------------------- reads
+    def read_async(self, ids, *, out=None, device=None):
+        """Start reading the rows at ``ids``; returns a :class:`ReadFuture`.
+
+        Every check runs before this returns (see the class's memory contract).
+        """
+        self._check_open()
+        index = _as_index(ids)
+        run, out_device = read_devices(index.device, device, self.location)
+        self._check_bounds(index)
+        if out is not None:
+            self._check_out(out, len(index), out_device)
+        return self._read_async(index, out, run, out_device)
+
+    def read(self, ids, *, out=None, device=None):
+        """The rows at ``ids``: exactly ``read_async(ids, out=out, device=device).wait()``."""
+        return self.read_async(ids, out=out, device=device).wait()
+
+    def gather(self, ids, device=None):
+        """The loaders' protocol: ``read(ids, device=device)``."""
+        return self.read(ids, device=device)
+
+    def prefetch(self, ids):
+        """A hint that ``ids`` will be read soon (the loaders call it with each batch's ids ahead).
+
+        The default does nothing; caching stores override it.
+        """
+
+    # -------------------------------------------------------------- lifetime
+    @property
+    def closed(self):
+        return self._closed
+
+    def close(self):
+        """Finish reads in flight, then release the store's resources.  Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = ", closed" if self._closed else ""
+        return f"{type(self).__name__}(shape={self.shape}, dtype={self.dtype}{state})"
+
+    # ----------------------------------------------------------------- hooks
+    def _read_async(self, index, out, run_device, out_device):
+        """Start the read; ``index`` is checked (1-D int32/int64, in range), ``out`` too."""
+        raise NotImplementedError
+
+    def _close(self):
+        """Release resources (reads in flight must finish first)."""
+
+    # --------------------------------------------------------------- helpers
+    def _check_open(self):
+        if self._closed:
+            raise ClosedError(f"{self!r} is closed")
+
+    def _check_bounds(self, index):
+        if not index.numel():
+            return
+        lo, hi = int(index.min()), int(index.max())
+        if lo < 0 or hi >= self.num_rows:
+            bad = lo if lo < 0 else hi
+            raise IndexError(f"row id {bad} is out of range for a store of {self.num_rows} rows "
+                             f"(valid 0..{self.num_rows - 1})")
+
+    def _check_out(self, out, n, device):
+        want = (n, *self.row_shape)
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor, not {type(out).__name__}")
+        if tuple(out.shape) != want or out.dtype != self.dtype or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous {self.dtype} tensor of shape {want}, got "
+                             f"{'' if out.is_contiguous() else 'non-contiguous '}{out.dtype} {tuple(out.shape)}")
+        if out.device != device:
+            raise ValueError(f"out is on {out.device} but this read's result lives on {device}")

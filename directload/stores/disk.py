@@ -1,0 +1,319 @@
+"""``DiskStore``: rows read straight from an SSD with io_uring and O_DIRECT, no root, no page cache."""
+
+import os
+import threading
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from directload.files import CorruptFileError
+from directload.kernels.host_pool import default_pool
+
+from . import disk_io
+from .base import FeatureStore, ReadFuture
+from .disk_format import raw_layout, read_layout
+
+__all__ = ["DiskStore", "DirectIOWarning", "io_path"]
+
+_MAX_BLOCK = 1 << 16
+
+
+class DirectIOWarning(UserWarning):
+    """The file system refuses O_DIRECT (tmpfs, ``/dev/shm``): reads go through the page cache."""
+
+
+def io_path(engine="auto"):
+    """The read path a :class:`DiskStore` takes here: ``"io_uring"`` or ``"pread"``."""
+    if engine not in ("auto", "io_uring", "pread"):
+        raise ValueError(f"engine must be 'auto', 'io_uring' or 'pread', not {engine!r}")
+    if engine == "auto":
+        return "io_uring" if disk_io.uring_available() else "pread"
+    return engine
+
+
+def _sysfs_block(fd):
+    """The logical block size the kernel reports for the file's device, or None."""
+    dev = os.fstat(fd).st_dev
+    base = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"
+    for where in (f"{base}/queue/logical_block_size", f"{base}/../queue/logical_block_size"):
+        try:
+            with open(where) as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _aligned(nbytes, align=4096):
+    """A numpy uint8 array of ``nbytes`` starting at an ``align``-byte boundary (and what keeps it alive)."""
+    raw = default_pool().empty((nbytes + align,), torch.uint8)
+    start = (-raw.data_ptr()) % align
+    return raw.numpy()[start:start + nbytes], raw
+
+
+def _probe_block(fd, hint):
+    """The smallest O_DIRECT read granularity that works, measured: ``hint`` (sysfs) first, doubling."""
+    buf, _keep = _aligned(_MAX_BLOCK)
+    block = hint if hint and hint & (hint - 1) == 0 else 512
+    while block <= _MAX_BLOCK:
+        try:
+            os.preadv(fd, [memoryview(buf[:block])], 0)
+            return block
+        except OSError as exc:
+            if exc.errno != 22:  # EINVAL: misaligned for this device
+                raise
+            block *= 2
+    raise OSError(22, "no O_DIRECT read granularity up to 64 KiB works on this file")
+
+
+class DiskStore(FeatureStore):
+    """Rows of a ``.npy`` file on disk, read on demand with io_uring and O_DIRECT.
+
+    Reads bypass the page cache (``O_DIRECT``), aligned to the device's logical
+    block size, measured at open.  Rows that share a block are read once, and
+    neighbouring blocks are merged into one read.  Reads land in a staging
+    buffer and are copied out into the result (on the CPU; a GPU result is then
+    copied over).  Any C-ordered ``.npy`` file can be opened; one written by
+    :func:`~directload.stores.write_disk_store` has its rows aligned to 4 KiB
+    and a checksummed sidecar that is checked at open.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A ``.npy`` file, or raw row-major bytes with ``dtype`` and ``shape``.
+    dtype, shape, offset : optional
+        For a raw file: the rows' torch dtype, the table's shape (rows first)
+        and the byte offset of row 0.
+    queue_depth : int
+        Reads in flight per ring (default 64).
+    rings : int
+        Rings, each driven by its own thread (default 1; a fast NVMe drive may
+        want 2-4).
+    engine : {"auto", "io_uring", "pread"}
+        ``auto`` takes io_uring where the ``liburing`` package loads and the
+        kernel allows it, else a pread thread pool.
+    direct : {"auto", True, False}
+        O_DIRECT.  ``auto`` falls back to the page cache with a
+        :class:`DirectIOWarning` where the file system refuses it.
+    merge_gap : int, optional
+        Merge two reads when at most this many bytes lie between them (default:
+        none, only touching blocks).
+    max_read : int
+        Bytes per merged read at most (default 128 KiB).
+    retries : int
+        Retries of a read that failed with an I/O error before it is raised.
+
+    Memory contract
+    ---------------
+    As :class:`~directload.stores.FeatureStore`.  The file's rows are never
+    cached in host memory by the store (or, with O_DIRECT, by the kernel).
+    Reads run on a background thread; ``close()`` waits for them.  A forked
+    child opens its own file and ring on its first read; a pickled store (for
+    ``torch.multiprocessing``) reopens the file in the receiving process.
+
+    Raises
+    ------
+    CorruptFileError
+        At open: a bad header, a truncated file, or a sidecar that disagrees
+        with the file.  At read: the file shrank after it was opened.
+    OSError
+        From ``wait()``: a read that still failed after ``retries`` retries,
+        naming the path, offset and length.
+    """
+
+    def __init__(self, path, *, dtype=None, shape=None, offset=0, queue_depth=64, rings=1, engine="auto",
+                 direct="auto", merge_gap=0, max_read=128 << 10, retries=3):
+        super().__init__()
+        for name, value, low in (("queue_depth", queue_depth, 1), ("rings", rings, 1), ("merge_gap", merge_gap, 0),
+                                 ("max_read", max_read, 1), ("retries", retries, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        if queue_depth > 4096:
+            raise ValueError(f"queue_depth must be at most 4096, got {queue_depth}")
+        if direct not in ("auto", True, False):
+            raise ValueError(f"direct must be 'auto', True or False, not {direct!r}")
+        self.path = Path(path)
+        if dtype is None and shape is None:
+            self._layout = read_layout(self.path)
+        elif dtype is None or shape is None:
+            raise ValueError("a raw file needs both dtype and shape (a .npy file needs neither)")
+        else:
+            self._layout = raw_layout(self.path, dtype, shape, offset)
+        self._options = dict(dtype=dtype, shape=shape, offset=offset, queue_depth=queue_depth, rings=rings,
+                             engine=engine, direct=direct,
+                             merge_gap=merge_gap, max_read=max_read, retries=retries)
+        self.engine_name = io_path(engine)
+        self._lock = threading.Lock()
+        self._stats = dict.fromkeys(("rows", "unique_rows", "requested_bytes", "bytes_read", "reads",
+                                     "io_seconds", "cpu_seconds", "batches"), 0)
+        self._pid = None
+        self._open()
+
+    # ---------------------------------------------------------------- shape
+    @property
+    def num_rows(self):
+        return self._layout.shape[0]
+
+    @property
+    def row_shape(self):
+        return self._layout.shape[1:]
+
+    @property
+    def dtype(self):
+        return self._layout.dtype
+
+    # ---------------------------------------------------------- per process
+    def _open(self):
+        """Open the file and the engine in this process."""
+        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+        direct = self._options["direct"]
+        fd = None
+        if direct is not False:
+            try:
+                fd = os.open(self.path, flags | os.O_DIRECT)
+                self.block = _probe_block(fd, _sysfs_block(fd))
+            except OSError as exc:
+                if fd is not None:
+                    os.close(fd)
+                    fd = None
+                if exc.errno != 22 or direct is True:
+                    raise
+                warnings.warn(f"{self.path}: the file system refuses O_DIRECT; reading through the page cache "
+                              "(rows read stay cached by the kernel)", DirectIOWarning, stacklevel=3)
+        self.direct = fd is not None
+        if fd is None:
+            fd = os.open(self.path, flags)
+            self.block = 512  # no alignment needed; 512-byte reads keep the copy small
+        if os.fstat(fd).st_size != self._layout.file_bytes:
+            os.close(fd)
+            raise CorruptFileError(f"{self.path}: the file changed size since its header was read")
+        try:
+            if self.engine_name == "io_uring":
+                engine = disk_io.UringEngine(self._options["queue_depth"], self._options["rings"],
+                                             self._options["retries"])
+            else:
+                engine = disk_io.PreadEngine(max(4, self._options["rings"] * 4), self._options["retries"])
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd, self._engine = fd, engine
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="directload-disk")
+        self._pid = os.getpid()
+
+    def _this_process(self):
+        if self._pid != os.getpid():  # a forked child: the parent's threads and ring did not come along
+            os.close(self._fd)
+            self._open()
+
+    def __reduce__(self):
+        return _reopen, (str(self.path), self._options)
+
+    # ---------------------------------------------------------------- reads
+    def _read_async(self, index, out, run_device, out_device):
+        self._this_process()
+        ids = index.cpu().numpy().astype(np.int64, copy=False)
+        pin = out_device.type == "cuda"
+        return ReadFuture(future=self._worker.submit(self._read, ids, out, out_device, pin))
+
+    def _read(self, ids, out, device, pin):
+        n, rnb = ids.shape[0], self.row_nbytes
+        host = out if out is not None and out.device.type == "cpu" else \
+            torch.empty((n, *self.row_shape), dtype=self.dtype, pin_memory=pin and torch.cuda.is_available())
+        if n and rnb:
+            rows, inverse = np.unique(ids, return_inverse=True)
+            layout = self._layout
+            offsets, lengths, needed, row_pos = disk_io.plan_reads(
+                rows, rnb, layout.data_offset, layout.file_bytes, self.block, self._options["merge_gap"],
+                max(self._options["max_read"], self.block))
+            total = int(lengths.sum(dtype=np.int64))
+            staging, _keep = _aligned(total, max(self.block, 4096))
+            dsts = np.cumsum(lengths, dtype=np.uint64) - lengths.astype(np.uint64) + np.uint64(staging.ctypes.data)
+            if os.fstat(self._fd).st_size != layout.file_bytes:
+                raise CorruptFileError(f"{self.path}: the file changed size after it was opened "
+                                       f"({layout.file_bytes} -> {os.fstat(self._fd).st_size} bytes)")
+            t0, c0 = time.perf_counter(), time.thread_time()
+            res = self._engine.read(self._fd, offsets, lengths, dsts, needed, self.block)
+            dt, cpu = time.perf_counter() - t0, time.thread_time() - c0
+            bad = np.flatnonzero(res < 0)
+            if bad.size:
+                self._raise(bad[0], res, offsets, lengths)
+            disk_io.copy_rows(staging, row_pos, inverse.reshape(-1), host.view(torch.uint8).numpy().reshape(-1),
+                              rnb)
+            with self._lock:
+                s = self._stats
+                s["unique_rows"] += rows.shape[0]
+                s["bytes_read"] += total
+                s["reads"] += offsets.shape[0]
+                s["io_seconds"] += dt
+                s["cpu_seconds"] += cpu + self._engine.take_cpu_seconds()
+        with self._lock:
+            self._stats["rows"] += n
+            self._stats["requested_bytes"] += n * rnb
+            self._stats["batches"] += 1
+        if out is not None:
+            if out.data_ptr() != host.data_ptr():
+                out.copy_(host)
+            return out
+        return host if device.type == "cpu" else host.to(device, non_blocking=False)
+
+    def _raise(self, k, res, offsets, lengths):
+        code = int(-res[k])
+        where = f"{self.path}: read of {int(lengths[k])} bytes at offset {int(offsets[k])}"
+        if code == disk_io._ENODATA:
+            raise CorruptFileError(f"{where} hit the end of the file: it shrank after it was opened")
+        raise OSError(code, f"{where} failed after {self._options['retries']} retries: {os.strerror(code)}",
+                      str(self.path))
+
+    # ------------------------------------------------------------- counters
+    def stats(self):
+        """Counters since open (or :meth:`reset_stats`).
+
+        ``rows`` and ``requested_bytes`` count the ids asked for;
+        ``unique_rows`` the distinct ones; ``bytes_read`` what the disk
+        delivered, so ``read_amplification`` is ``bytes_read`` over the
+        distinct rows' bytes; ``reads`` the requests issued; ``iops`` and
+        ``gb_per_s`` are over the time spent in the engine; ``cpu_us_per_read``
+        is the CPU time of the submitting threads per read.
+        """
+        with self._lock:
+            s = dict(self._stats)
+        unique_bytes = s["unique_rows"] * self.row_nbytes
+        s.update(
+            engine=self.engine_name, direct=self.direct, block=self.block,
+            queue_depth=self._options["queue_depth"], rings=self._options["rings"],
+            read_amplification=s["bytes_read"] / unique_bytes if unique_bytes else 0.0,
+            iops=s["reads"] / s["io_seconds"] if s["io_seconds"] else 0.0,
+            gb_per_s=s["bytes_read"] / s["io_seconds"] / 1e9 if s["io_seconds"] else 0.0,
+            cpu_us_per_read=s["cpu_seconds"] / s["reads"] * 1e6 if s["reads"] else 0.0)
+        return s
+
+    def reset_stats(self):
+        with self._lock:
+            for key in self._stats:
+                self._stats[key] = 0
+
+    # ------------------------------------------------------------- lifetime
+    def _close(self):
+        if self._pid == os.getpid():
+            self._worker.shutdown(wait=True)  # reads in flight finish first
+            self._engine.close()
+        os.close(self._fd)
+
+    def __del__(self):
+        if not getattr(self, "_closed", True) and getattr(self, "_pid", None) == os.getpid():
+            try:
+                self.close()
+            except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to report to
+                pass
+
+    def __repr__(self):
+        state = ", closed" if self._closed else ""
+        return f"DiskStore({str(self.path)!r}, shape={self.shape}, dtype={self.dtype}{state})"
+
+
+def _reopen(path, options):
+    return DiskStore(path, **options)

@@ -1,0 +1,404 @@
+"""Block reads for the disk store: the read planner, io_uring and pread engines, and the copy-out.
+
+Everything per row or per read runs in Numba-compiled loops with the GIL
+released; Python sees one call per batch.
+
+* :func:`plan_reads` turns sorted, unique row ids into block-aligned reads:
+  rows that share a block are read once, and reads whose gap is at most
+  ``merge_gap`` bytes are merged (up to ``max_read`` bytes).
+* :class:`UringEngine` submits them through io_uring, calling liburing's C
+  functions (from the ``liburing`` package's library) from compiled code:
+  up to ``queue_depth`` reads in flight, short reads resubmitted, ``EAGAIN``
+  / ``EINTR`` retried, other errors retried ``retries`` times.
+* :class:`PreadEngine` is the fallback where io_uring is missing or
+  forbidden: the same reads through ``pread`` on a few threads.
+* :func:`copy_rows` copies each requested row from the staging buffer into the
+  output.
+
+A read's result is the bytes it got, or ``-errno``; ``-ENODATA`` means the
+file ended early (it shrank after it was opened).
+"""
+
+import ctypes
+import errno
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from numba import njit, types
+from numba.extending import intrinsic
+
+__all__ = ["plan_reads", "copy_rows", "UringEngine", "PreadEngine", "uring_available", "FAULTS"]
+
+#: Fault injection for tests: ``[errno to inject, completions to fail, completions to cut short]``.  The
+#: engines read it at each call (a hook in the reader, as the reliability tests need); all zero in use.
+FAULTS = np.zeros(3, np.int64)
+
+_EAGAIN, _EINTR, _EBUSY, _ENODATA = errno.EAGAIN, errno.EINTR, errno.EBUSY, errno.ENODATA
+
+
+@intrinsic
+def _load_i32(typingctx, addr):
+    """The int32 at an address (a completion's ``res``)."""
+    def codegen(context, builder, signature, args):
+        import llvmlite.ir as ir
+
+        return builder.load(builder.inttoptr(args[0], ir.IntType(32).as_pointer()))
+    return types.int32(types.uint64), codegen
+
+
+@njit(cache=True, nogil=True)
+def plan_reads(rows, row_nbytes, data_offset, file_bytes, block, merge_gap, max_read):
+    """Block-aligned reads covering ``rows`` (sorted, unique).
+
+    Returns ``(offsets, lengths, needed, row_pos)``: each read's file offset and
+    length (multiples of ``block``), the bytes it must get (less than its length
+    only where it runs past the end of the file), and where each row starts in
+    the staging buffer that receives the reads back to back.
+    """
+    n = rows.shape[0]
+    offsets = np.empty(n, np.uint64)
+    lengths = np.empty(n, np.uint32)
+    needed = np.empty(n, np.int64)
+    row_pos = np.empty(n, np.int64)
+    end_of_file = (file_bytes + block - 1) // block * block
+    k = -1
+    cur_start = 0
+    cur_end = 0
+    stage = 0
+    for i in range(n):
+        s = data_offset + rows[i] * row_nbytes
+        e = s + row_nbytes
+        bs = s // block * block
+        be = min((e + block - 1) // block * block, end_of_file)
+        if k >= 0 and bs <= cur_end + merge_gap and max(be, cur_end) - cur_start <= max_read:
+            if be > cur_end:
+                cur_end = be
+        else:
+            if k >= 0:
+                offsets[k] = cur_start
+                lengths[k] = cur_end - cur_start
+                stage += cur_end - cur_start
+            k += 1
+            cur_start = bs
+            cur_end = be
+        row_pos[i] = stage + (s - cur_start)
+    if k >= 0:
+        offsets[k] = cur_start
+        lengths[k] = cur_end - cur_start
+    k += 1
+    for j in range(k):
+        needed[j] = min(np.int64(lengths[j]), file_bytes - np.int64(offsets[j]))
+    return offsets[:k], lengths[:k], needed[:k], row_pos
+
+
+@njit(cache=True, nogil=True)
+def copy_rows(staging, row_pos, inverse, out, row_nbytes):
+    """``out[i] = staging[row_pos[inverse[i]] : +row_nbytes]`` for each requested row (bytes)."""
+    for i in range(inverse.shape[0]):
+        p = row_pos[inverse[i]]
+        o = i * row_nbytes
+        out[o:o + row_nbytes] = staging[p:p + row_nbytes]
+
+
+@njit(nogil=True)
+def _complete(i, r, block, faults, cur_off, cur_dst, cur_len, left, attempts, retries, res, stack, top):
+    """Account one completion; returns ``(finished 0/1, new stack top)``."""
+    if r > 0 and faults[1] > 0:
+        faults[1] -= 1
+        r = -faults[0]
+    elif r > block and faults[2] > 0:
+        faults[2] -= 1
+        r = (r // 2) // block * block
+    if r < 0:
+        if r == -_EAGAIN or r == -_EINTR or attempts[i] < retries:
+            attempts[i] += 1
+            stack[top] = i
+            return 0, top + 1
+        res[i] = r
+        return 1, top
+    if r == 0:  # end of file before the bytes this read needs: the file shrank
+        res[i] = -_ENODATA
+        return 1, top
+    left[i] -= r
+    if left[i] <= 0:
+        res[i] = 0
+        return 1, top
+    cur_off[i] += r
+    cur_dst[i] += r
+    cur_len[i] -= r
+    stack[top] = i
+    return 0, top + 1
+
+
+def _liburing():
+    """liburing's C functions, from the ``liburing`` package's own library (None if unavailable)."""
+    try:
+        import liburing
+    except ImportError:
+        return None
+    lib = ctypes.CDLL(liburing.liburing.__file__)
+    u64, i32, u32 = ctypes.c_uint64, ctypes.c_int, ctypes.c_uint
+
+    def fn(name, res, *args):
+        f = getattr(lib, name)
+        f.restype, f.argtypes = res, list(args)
+        return f
+
+    return {
+        "queue_init": fn("io_uring_queue_init", i32, u32, u64, u32),
+        "queue_exit": fn("io_uring_queue_exit", None, u64),
+        "dontfork": fn("io_uring_ring_dontfork", i32, u64),
+        "get_sqe": fn("io_uring_get_sqe", u64, u64),
+        "prep_read": fn("io_uring_prep_read", None, u64, i32, u64, u32, u64),
+        "set_data": fn("io_uring_sqe_set_data64", None, u64, u64),
+        "submit_and_wait": fn("io_uring_submit_and_wait", i32, u64, u32),
+        "peek_batch": fn("io_uring_peek_batch_cqe", u32, u64, u64, u32),
+        "cq_advance": fn("io_uring_cq_advance", None, u64, u32),
+        "get_data": fn("io_uring_cqe_get_data64", u64, u64),
+    }
+
+
+_URING = None
+_URING_LOCK = threading.Lock()
+_RUN = None
+
+
+def _uring():
+    global _URING, _RUN
+    with _URING_LOCK:
+        if _URING is None:
+            _URING = _liburing() or {}
+            if _URING:
+                _RUN = _make_uring_run(_URING)
+        return _URING
+
+
+def _make_uring_run(f):
+    get_sqe, prep_read, set_data = f["get_sqe"], f["prep_read"], f["set_data"]
+    submit_and_wait, peek_batch, cq_advance, get_data = (f["submit_and_wait"], f["peek_batch"], f["cq_advance"],
+                                                         f["get_data"])
+
+    @njit(nogil=True)
+    def run(ring, fd, offsets, lengths, dsts, needed, qd, block, retries, faults, res, cqes):
+        n = offsets.shape[0]
+        cur_off = offsets.astype(np.int64)
+        cur_dst = dsts.copy()
+        cur_len = lengths.astype(np.int64)
+        left = needed.copy()
+        attempts = np.zeros(n, np.int64)
+        stack = np.empty(n, np.int64)
+        top = 0
+        nxt = 0
+        inflight = 0
+        finished = 0
+        status = 0
+        stuck = 0
+        while finished < n:
+            while inflight < qd and status == 0:
+                if top > 0:
+                    i = stack[top - 1]
+                elif nxt < n:
+                    i = nxt
+                else:
+                    break
+                sqe = get_sqe(ring)
+                if sqe == 0:
+                    break
+                if top > 0:
+                    top -= 1
+                else:
+                    nxt += 1
+                prep_read(sqe, fd, np.uint64(cur_dst[i]), np.uint32(cur_len[i]), np.uint64(cur_off[i]))
+                set_data(sqe, np.uint64(i))
+                inflight += 1
+            if inflight == 0:
+                break  # only after a submit error: nothing is left in flight
+            r = submit_and_wait(ring, 1)
+            if r < 0 and r != -_EINTR and r != -_EAGAIN and r != -_EBUSY:  # EBUSY: reap first
+                status = r  # stop submitting; reap what is in flight so no read lands in freed memory
+            got = peek_batch(ring, cqes.ctypes.data, qd)
+            if status != 0:
+                stuck = stuck + 1 if got == 0 else 0
+                if stuck > 100000:
+                    break  # the ring refuses to submit what is queued: nothing of it is in flight
+            for j in range(got):
+                c = cqes[j]
+                i = np.int64(get_data(c))
+                done, top = _complete(i, np.int64(_load_i32(c + np.uint64(8))), block, faults, cur_off, cur_dst,
+                                      cur_len, left, attempts, retries, res, stack, top)
+                finished += done
+            cq_advance(ring, got)
+            inflight -= got
+        return status
+
+    return run
+
+
+def uring_available():
+    """Whether the ``liburing`` package loads and the kernel lets this process set up a ring."""
+    f = _uring()
+    if not f:
+        return False
+    ring = ctypes.create_string_buffer(_RING_BYTES)
+    if f["queue_init"](4, ctypes.addressof(ring), 0) < 0:
+        return False
+    f["queue_exit"](ctypes.addressof(ring))
+    return True
+
+
+_RING_BYTES = 4096  # struct io_uring is ~220 bytes; room for future liburing versions
+
+
+class UringEngine:
+    """Reads through ``rings`` io_uring rings, one per submitting thread, ``queue_depth`` deep each.
+
+    Made in the process that reads: a forked child makes its own (the rings
+    are marked not to be inherited).
+    """
+
+    name = "io_uring"
+
+    def __init__(self, queue_depth=64, rings=1, retries=3):
+        f = _uring()
+        if not f:
+            raise OSError(errno.ENOSYS, "io_uring is not available (the liburing package does not load)")
+        self.queue_depth, self.retries = int(queue_depth), int(retries)
+        self._f = f
+        self._rings = []
+        for _ in range(rings):
+            ring = ctypes.create_string_buffer(_RING_BYTES)
+            rc = f["queue_init"](self.queue_depth, ctypes.addressof(ring), 0)
+            if rc < 0:
+                self.close()
+                raise OSError(-rc, f"io_uring_queue_init: {os.strerror(-rc)}")
+            f["dontfork"](ctypes.addressof(ring))
+            self._rings.append((ring, np.zeros(self.queue_depth, np.uint64)))
+        self._free = list(range(rings))
+        self._lock = threading.Condition()
+        self._pool = ThreadPoolExecutor(rings, thread_name_prefix="directload-uring") if rings > 1 else None
+        self._pool_cpu = 0.0
+
+    def read(self, fd, offsets, lengths, dsts, needed, block):
+        """Run the reads; returns ``res`` (0 per completed read, ``-errno`` per failed one)."""
+        res = np.zeros(offsets.shape[0], np.int64)
+        parts = len(self._rings)
+        if parts == 1 or offsets.shape[0] < 2 * self.queue_depth:
+            self._read_part(fd, offsets, lengths, dsts, needed, block, res)
+            return res
+        bounds = np.linspace(0, offsets.shape[0], parts + 1).astype(np.int64)
+        futures = [self._pool.submit(_timed, self._read_part, fd, offsets[a:b], lengths[a:b], dsts[a:b],
+                                     needed[a:b], block, res[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+        self._pool_cpu += sum(fut.result() for fut in futures)
+        return res
+
+    def take_cpu_seconds(self):
+        """CPU seconds its own threads spent since the last call (the caller's thread is not counted)."""
+        cpu, self._pool_cpu = self._pool_cpu, 0.0
+        return cpu
+
+    def _read_part(self, fd, offsets, lengths, dsts, needed, block, res):
+        with self._lock:
+            while not self._free:
+                self._lock.wait()
+            k = self._free.pop()
+        try:
+            ring, cqes = self._rings[k]
+            status = _RUN(ctypes.addressof(ring), fd, offsets, lengths, dsts, needed, self.queue_depth, block,
+                          self.retries, FAULTS, res, cqes)
+        finally:
+            with self._lock:
+                self._free.append(k)
+                self._lock.notify()
+        if status < 0:
+            raise OSError(-status, f"io_uring_submit: {os.strerror(-status)}")
+
+    def close(self):
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        for ring, _ in self._rings:
+            self._f["queue_exit"](ctypes.addressof(ring))
+        self._rings = []
+
+
+def _timed(fn, *args):
+    """Run ``fn(*args)``; the CPU seconds this thread spent."""
+    c0 = time.thread_time()
+    fn(*args)
+    return time.thread_time() - c0
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_pread = _libc.pread
+_pread.restype, _pread.argtypes = ctypes.c_int64, [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64]
+_errno_location = _libc.__errno_location
+_errno_location.restype, _errno_location.argtypes = ctypes.c_uint64, []
+
+
+@njit(nogil=True)
+def _pread_run(fd, offsets, lengths, dsts, needed, block, retries, faults, res):
+    n = offsets.shape[0]
+    for i in range(n):
+        off, dst, length, left, attempts = np.int64(offsets[i]), np.int64(dsts[i]), np.int64(lengths[i]), \
+            needed[i], 0
+        while True:
+            r = _pread(fd, np.uint64(dst), np.uint64(length), off)
+            if r < 0:
+                r = -np.int64(_load_i32(_errno_location()))
+            if r > 0 and faults[1] > 0:
+                faults[1] -= 1
+                r = -faults[0]
+            elif r > block and faults[2] > 0:
+                faults[2] -= 1
+                r = (r // 2) // block * block
+            if r < 0:
+                if r == -_EAGAIN or r == -_EINTR or attempts < retries:
+                    attempts += 1
+                    continue
+                res[i] = r
+                break
+            if r == 0:
+                res[i] = -_ENODATA
+                break
+            left -= r
+            if left <= 0:
+                res[i] = 0
+                break
+            off += r
+            dst += r
+            length -= r
+
+
+class PreadEngine:
+    """The fallback: the same reads through ``pread`` on ``threads`` threads (GIL released)."""
+
+    name = "pread"
+
+    def __init__(self, threads=4, retries=3):
+        self.threads, self.retries = int(threads), int(retries)
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="directload-pread") \
+            if self.threads > 1 else None
+        self._pool_cpu = 0.0
+
+    def read(self, fd, offsets, lengths, dsts, needed, block):
+        res = np.zeros(offsets.shape[0], np.int64)
+        n = offsets.shape[0]
+        if self._pool is None or n < 4 * self.threads:
+            _pread_run(fd, offsets, lengths, dsts, needed, block, self.retries, FAULTS, res)
+            return res
+        bounds = np.linspace(0, n, self.threads + 1).astype(np.int64)
+        futures = [self._pool.submit(_timed, _pread_run, fd, offsets[a:b], lengths[a:b], dsts[a:b], needed[a:b],
+                                     block, self.retries, FAULTS, res[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+        self._pool_cpu += sum(fut.result() for fut in futures)
+        return res
+
+    def take_cpu_seconds(self):
+        """CPU seconds its own threads spent since the last call (the caller's thread is not counted)."""
+        cpu, self._pool_cpu = self._pool_cpu, 0.0
+        return cpu
+
+    def close(self):
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)

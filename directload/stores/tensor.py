@@ -1,0 +1,85 @@
+"""``TensorStore``: a table already in memory (plain, pinned, unified or GPU), read through directload's gathers."""
+
+import numpy as np
+import torch
+
+from directload.kernels import gather_async
+from directload.unified import is_unified
+
+from .base import FeatureStore, ReadFuture
+
+__all__ = ["TensorStore"]
+
+
+def _gatherable(t):
+    """Whether directload's kernels take ``t`` as a table (else torch's ``index_select`` reads it)."""
+    return (t.dim() >= 1 and t.is_contiguous() and not t.requires_grad and t.element_size() in (1, 2, 4, 8)
+            and not t.is_complex() and t.device.type in ("cpu", "cuda"))
+
+
+class TensorStore(FeatureStore):
+    """Rows of a tensor, gathered by directload's kernels.
+
+    The store keeps a reference to the tensor, not a copy: writes to the
+    tensor in place are seen by the next read.  A unified tensor (or a pinned
+    one on a machine with UVA) is read zero-copy by the GPU when the result is
+    on a GPU; ordinary host memory is gathered on the CPU and then copied over.
+
+    Parameters
+    ----------
+    table : torch.Tensor or numpy.ndarray
+        At least 1-D; its first dimension is the row.  A numpy array is
+        shared, not copied.
+
+    Examples
+    --------
+    >>> store = TensorStore(torch.arange(12.0).view(6, 2))
+    >>> store.read([4, 0])
+    tensor([[8., 9.],
+            [0., 1.]])
+    """
+
+    def __init__(self, table):
+        super().__init__()
+        if isinstance(table, np.ndarray):
+            table = torch.from_numpy(table)
+        if not isinstance(table, torch.Tensor):
+            raise TypeError(f"TensorStore takes a tensor or a numpy array, not {type(table).__name__}")
+        if table.dim() < 1:
+            raise ValueError("a feature table needs at least one dimension (the row)")
+        self.table = table
+        self.location = table.device if table.is_cuda and not is_unified(table) else torch.device("cpu")
+
+    @property
+    def num_rows(self):
+        return int(self.table.shape[0])
+
+    @property
+    def row_shape(self):
+        return tuple(self.table.shape[1:])
+
+    @property
+    def dtype(self):
+        return self.table.dtype
+
+    def _read_async(self, index, out, run_device, out_device):
+        table = self.table
+        if is_unified(table):
+            table = table.check_backing() if run_device.type == "cpu" else table
+        index = index.to(run_device, non_blocking=True)
+        direct = out if out is not None and out.device == run_device else None
+        if not _gatherable(table):
+            rows = table.index_select(0, index.to(table.device).long())
+            return ReadFuture(result=_deliver(rows, out, out_device))
+        future = gather_async(table, index, out=direct)
+        if direct is not None or (out is None and run_device == out_device):
+            return ReadFuture(future.wait)
+        return ReadFuture(lambda: _deliver(future.wait(), out, out_device))
+
+def _deliver(rows, out, device):
+    """``rows`` on ``device``, written into ``out`` when given."""
+    if out is not None:
+        if out.data_ptr() != rows.data_ptr():
+            out.copy_(rows)
+        return out
+    return rows if rows.device == device else rows.to(device)

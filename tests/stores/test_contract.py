@@ -1,0 +1,158 @@
+"""The FeatureStore contract, through TensorStore: placement, out, errors before work, close."""
+
+import numpy as np
+import pytest
+import torch
+from conftest import DTYPES, ROW_ELEMS, assert_gathers, bits, random_table
+
+import directload
+from directload.stores import ClosedError, FeatureStore, ReadFuture, TensorStore, read_devices
+
+CPU, GPU0, GPU1 = torch.device("cpu"), torch.device("cuda", 0), torch.device("cuda", 1)
+
+
+@pytest.mark.parametrize("index_dev, requested, store_dev, want", [
+    (CPU, None, CPU, (CPU, CPU)),          # host table, CPU ids: the CPU kernel, a CPU result
+    (CPU, GPU0, CPU, (GPU0, GPU0)),        # asked for a GPU result: zero-copy from host memory
+    (GPU0, None, CPU, (GPU0, GPU0)),       # ids on a GPU: the result follows them
+    (GPU0, CPU, CPU, (CPU, CPU)),          # asked for a CPU result from a host table
+    (CPU, None, GPU1, (GPU1, CPU)),        # a table in GPU memory is read there, then copied out
+    (GPU1, None, GPU1, (GPU1, GPU1)),
+    (CPU, "cuda:1", CPU, (GPU1, GPU1)),
+])
+def test_one_pure_rule_decides_where_a_read_runs_and_where_its_result_lives(index_dev, requested, store_dev, want):
+    assert read_devices(index_dev, requested, store_dev) == want
+
+
+def test_results_on_anything_but_the_cpu_or_a_gpu_are_refused():
+    with pytest.raises(ValueError, match="CPU or a CUDA device"):
+        read_devices(CPU, "meta", CPU)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("row", ROW_ELEMS[::2])
+def test_tensor_store_reads_equal_indexing(rng, dtype, row):
+    table = random_table(rng, 300, row, dtype)
+    store = TensorStore(table)
+    ids = torch.from_numpy(rng.integers(0, 300, 77))
+    assert store.shape == (300, row) and store.dtype == dtype and store.row_nbytes == row * table.element_size()
+    assert_gathers(lambda out: store.read(ids, out=out), table, ids)
+    got = store.read(ids)
+    assert got.device == CPU and got.dtype == dtype and torch.equal(bits(got), bits(table[ids]))
+
+
+def test_read_is_read_async_then_wait_and_wait_repeats(rng):
+    table = random_table(rng, 50, 7, torch.float32)
+    store = TensorStore(table)
+    future = store.read_async([3, 1, 3])
+    assert isinstance(future, ReadFuture)
+    first = future.wait()
+    assert future.done() and future.wait() is first
+    assert torch.equal(first, table[[3, 1, 3]]) and torch.equal(store.read([3, 1, 3]), first)
+
+
+def test_ids_may_be_numpy_lists_or_int32_and_empty(rng):
+    table = random_table(rng, 20, 3, torch.int64)
+    store = TensorStore(table.numpy())  # a numpy table is shared, not copied
+    for ids in (np.array([4, 2], np.uint32), [4, 2], torch.tensor([4, 2], dtype=torch.int32), range(4, 1, -2)):
+        assert torch.equal(store.read(ids), table[[4, 2]])
+    empty = store.read([])
+    assert empty.shape == (0, 3) and empty.dtype == torch.int64
+
+
+def test_writes_to_the_table_in_place_are_seen():
+    table = torch.zeros(10, 4)
+    store = TensorStore(table)
+    assert store.read([2]).sum() == 0
+    table[2] = 5
+    assert torch.equal(store.read([2]), torch.full((1, 4), 5.0))
+
+
+def test_tables_the_kernels_do_not_take_are_read_by_torch():
+    base = torch.arange(60.0).view(10, 6)
+    strided = base[:, ::2]
+    grad = torch.randn(8, 3, requires_grad=True)
+    assert torch.equal(TensorStore(strided).read([7, 1]), strided[[7, 1]])
+    got = TensorStore(grad).read([2])
+    assert torch.equal(got, grad.detach()[[2]])
+
+
+def test_unified_tables_are_read_through_the_kernels(rng):
+    table = random_table(rng, 64, 37, torch.float16)
+    unified = directload.to_unified(table, pin="auto")
+    got = TensorStore(unified).read(torch.tensor([63, 0, 5]))
+    assert type(got) is torch.Tensor and torch.equal(bits(got), bits(table[[63, 0, 5]]))
+
+
+@pytest.mark.parametrize("ids, error, match", [
+    ([0, 10], IndexError, "row id 10 is out of range"),
+    ([-1], IndexError, "row id -1"),
+    (torch.tensor([True, False]), TypeError, "integer row ids"),
+    (torch.tensor([1.0]), TypeError, "integer row ids"),
+    (np.array([0.5]), TypeError, "must be integers"),
+    ([1, 2.5], TypeError, "must be integers"),
+    (torch.zeros(2, 2, dtype=torch.int64), ValueError, "1-D"),
+    ("0", TypeError, "not str"),
+    (np.array([2 ** 63], np.uint64), IndexError, "out of range"),
+])
+def test_bad_ids_raise_typed_errors_before_any_read(ids, error, match):
+    table = torch.zeros(10, 2)
+    with pytest.raises(error, match=match):
+        TensorStore(table).read_async(ids)
+
+
+@pytest.mark.parametrize("out, match", [
+    (torch.zeros(2, 3), "shape"),
+    (torch.zeros(3, 2, dtype=torch.float64), "float64"),
+    (torch.zeros(2, 3).t(), "non-contiguous"),
+])
+def test_a_wrong_out_is_refused_and_left_untouched(out, match):
+    store = TensorStore(torch.ones(10, 2))
+    before = out.clone()
+    with pytest.raises(ValueError, match=match):
+        store.read([1, 2, 3], out=out)
+    assert torch.equal(out, before)
+
+
+def test_out_is_filled_and_returned_and_may_be_reused():
+    table = torch.arange(20.0).view(10, 2)
+    store = TensorStore(table)
+    out = torch.full((2, 2), -1.0)
+    assert store.read([9, 0], out=out) is out and torch.equal(out, table[[9, 0]])
+    assert store.read([1, 1], out=out) is out and torch.equal(out, table[[1, 1]])
+
+
+def test_close_is_idempotent_and_reads_after_it_raise_closed_error():
+    with TensorStore(torch.ones(4, 1)) as store:
+        future = store.read_async([0])
+    assert store.closed and "closed" in repr(store)
+    assert torch.equal(future.wait(), torch.ones(1, 1))  # a read started before close still gives its rows
+    store.close()
+    with pytest.raises(ClosedError):
+        store.read([0])
+    assert issubclass(ClosedError, RuntimeError) and ClosedError is directload.ClosedError
+
+
+def test_the_loaders_protocol_and_the_base_hooks():
+    store = TensorStore(torch.arange(6).view(3, 2))
+    assert torch.equal(store.gather(torch.tensor([2]), None), torch.tensor([[4, 5]]))
+    assert store.prefetch([0, 1]) is None and len(store) == 3
+
+    class Bare(FeatureStore):
+        pass
+
+    with pytest.raises(NotImplementedError):
+        _ = Bare().num_rows
+
+
+def test_a_failure_on_a_background_read_reaches_wait():
+    from concurrent.futures import ThreadPoolExecutor
+
+    def boom():
+        raise OSError(5, "injected")
+
+    with ThreadPoolExecutor(1) as pool:
+        future = ReadFuture(future=pool.submit(boom))
+        for _ in range(2):  # the same error each time
+            with pytest.raises(OSError, match="injected"):
+                future.wait()

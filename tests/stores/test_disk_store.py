@@ -1,0 +1,268 @@
+"""DiskStore: bit-exact rows from disk through io_uring or pread, errors with where they happened, no hangs."""
+
+import errno
+import multiprocessing
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROW_ELEMS, bits, random_table, within
+
+from directload.files import CorruptFileError
+from directload.stores import ClosedError, DirectIOWarning, DiskStore, disk_io, io_path, write_disk_store
+
+ENGINES = ["pread"] + (["io_uring"] if disk_io.uring_available() else [])
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int64)
+
+
+@pytest.fixture(autouse=True)
+def no_faults():
+    disk_io.FAULTS[:] = 0
+    yield
+    disk_io.FAULTS[:] = 0
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request):
+    return request.param
+
+
+def _store(tmp_path, table, name="feat.npy", **kw):
+    path = write_disk_store(table, tmp_path / name, progress=False)
+    return DiskStore(path, **kw)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("row", ROW_ELEMS)
+def test_rows_read_back_bit_identical(tmp_path, rng, engine, dtype, row):
+    table = random_table(rng, 97, row, dtype)
+    with _store(tmp_path, table, engine=engine) as store:
+        assert store.shape == (97, row) and store.dtype == dtype and store.engine_name == engine
+        ids = torch.from_numpy(rng.integers(0, 97, 150))  # duplicates, any order, rows across block edges
+        got = store.read(ids)
+        assert got.dtype == dtype and got.device.type == "cpu"
+        assert torch.equal(bits(got), bits(table[ids]))
+        assert torch.equal(bits(store.read(torch.arange(97))), bits(table))
+
+
+def test_o_direct_reads_are_aligned_to_the_measured_block(tmp_path, rng, engine):
+    table = random_table(rng, 1000, 25, torch.float32)  # 100-byte rows
+    with _store(tmp_path, table, engine=engine) as store:
+        if not store.direct:
+            pytest.skip("this file system refuses O_DIRECT")
+        assert store.block in (512, 1024, 2048, 4096)
+        offsets, lengths, needed, _ = disk_io.plan_reads(np.array([0, 3, 700], np.int64), 100, 4096,
+                                                         store._layout.file_bytes, store.block, 0, 1 << 17)
+        assert np.all(offsets % store.block == 0) and np.all(lengths % store.block == 0)
+        assert torch.equal(store.read([700, 3, 0]), table[[700, 3, 0]])
+
+
+def test_rows_that_share_a_block_are_read_once_and_neighbours_merge(tmp_path, rng, engine):
+    table = random_table(rng, 4096, 4, torch.float32)  # 16-byte rows: 32 per 512-byte block
+    with _store(tmp_path, table, engine=engine) as store:
+        store.read(torch.tensor([0, 1, 1, 2, 5, 0]))
+        s = store.stats()
+        assert s["rows"] == 6 and s["unique_rows"] == 4 and s["reads"] == 1
+        assert s["bytes_read"] == store.block and s["requested_bytes"] == 6 * 16
+        store.reset_stats()
+        store.read(torch.arange(0, 4096, 8))  # every block touched: merged into max_read pieces
+        s = store.stats()
+        assert s["reads"] == -(-4096 * 16 // (128 << 10)) and s["read_amplification"] == pytest.approx(8.0)
+        assert s["iops"] > 0 and s["gb_per_s"] > 0 and s["cpu_us_per_read"] >= 0 and s["engine"] == engine
+
+
+def test_plan_merges_small_gaps_only_when_asked():
+    rows = np.array([0, 100], np.int64)  # 4-byte rows: blocks 0 and 0 (data offset 0), then 400 -> block 0
+    offs, lens, _, pos = disk_io.plan_reads(np.array([0, 300], np.int64), 4, 0, 1 << 20, 512, 0, 1 << 17)
+    assert list(offs) == [0, 1024] and list(lens) == [512, 512] and list(pos) == [0, 512 + 176]
+    offs, lens, _, pos = disk_io.plan_reads(np.array([0, 300], np.int64), 4, 0, 1 << 20, 512, 512, 1 << 17)
+    assert list(offs) == [0] and list(lens) == [1536] and list(pos) == [0, 1200]
+    offs, lens, need, _ = disk_io.plan_reads(rows, 4, 0, 402, 512, 0, 1 << 17)  # a file ending mid-block
+    assert list(lens) == [512] and list(need) == [402]
+
+
+def test_out_and_devices_follow_the_contract(tmp_path, rng, engine):
+    table = random_table(rng, 50, 11, torch.float16)
+    with _store(tmp_path, table, engine=engine) as store:
+        out = torch.empty(3, 11, dtype=torch.float16)
+        assert store.read([4, 4, 49], out=out) is out and torch.equal(out, table[[4, 4, 49]])
+        with pytest.raises(ValueError, match="shape"):
+            store.read([1], out=out)
+        assert store.read(torch.tensor([], dtype=torch.int64)).shape == (0, 11)
+        with pytest.raises(IndexError, match="row id 50"):
+            store.read([50])
+        assert store.stats()["rows"] == 3 + 0  # the refused reads did no work
+
+
+def test_injected_io_errors_are_retried_then_raised_with_path_offset_and_length(tmp_path, rng, engine):
+    table = random_table(rng, 64, 100, torch.float32)
+    with _store(tmp_path, table, engine=engine, retries=2) as store:
+        disk_io.FAULTS[:] = (errno.EIO, 2, 0)  # two failures: within the retries
+        assert torch.equal(store.read([5, 60]), table[[5, 60]])
+        disk_io.FAULTS[:] = (errno.EIO, 1000, 0)
+        with pytest.raises(OSError) as info:
+            store.read([5])
+        assert info.value.errno == errno.EIO and str(store.path) in str(info.value)
+        assert "offset" in str(info.value) and "bytes" in str(info.value)
+        disk_io.FAULTS[:] = 0
+        assert torch.equal(store.read([5]), table[[5]])  # the store still works after an error
+
+
+def test_short_reads_are_completed(tmp_path, rng, engine):
+    table = random_table(rng, 2000, 100, torch.float32)
+    with _store(tmp_path, table, engine=engine) as store:
+        disk_io.FAULTS[:] = (0, 0, 50)
+        ids = torch.arange(0, 2000, 3)
+        assert torch.equal(store.read(ids), table[ids])
+        assert disk_io.FAULTS[2] < 50  # short reads did happen
+
+
+def test_a_file_that_shrinks_after_open_raises_corrupt_file_error(tmp_path, rng, engine):
+    table = random_table(rng, 100, 100, torch.float32)
+    with _store(tmp_path, table, engine=engine) as store:
+        os.truncate(store.path, 4096 + 40 * 400)
+        with pytest.raises(CorruptFileError, match="changed size"):
+            store.read([90])
+
+
+def test_close_waits_for_reads_in_flight_and_never_hangs(tmp_path, rng, engine):
+    table = random_table(rng, 5000, 64, torch.float32)
+    store = _store(tmp_path, table, engine=engine)
+    ids = [torch.from_numpy(rng.integers(0, 5000, 500)) for _ in range(8)]
+    futures = [store.read_async(i) for i in ids]
+    within(30, store.close)
+    for i, future in zip(ids, futures):
+        assert torch.equal(within(30, future.wait), table[i])
+    with pytest.raises(ClosedError):
+        store.read([0])
+    store.close()
+
+
+def _child_reads(store, ids, queue):
+    got = store.read(ids)
+    queue.put((os.getpid(), store._pid, got.numpy().tobytes()))
+
+
+def test_a_forked_child_opens_its_own_file_and_ring(tmp_path, rng, engine):
+    table = random_table(rng, 300, 9, torch.float32)
+    with _store(tmp_path, table, engine=engine) as store:
+        store.read([1])  # the parent's ring is in use
+        ctx = multiprocessing.get_context("fork")
+        queue = ctx.Queue()
+        child = ctx.Process(target=_child_reads, args=(store, torch.tensor([299, 2]), queue))
+        child.start()
+        pid, store_pid, data = within(60, lambda: queue.get(timeout=60))
+        child.join(30)
+        assert child.exitcode == 0 and pid == store_pid == child.pid != os.getpid()
+        assert data == table[[299, 2]].numpy().tobytes()
+        assert store._pid == os.getpid() and torch.equal(store.read([7]), table[[7]])
+
+
+def test_a_pickled_store_reopens_its_file(tmp_path, rng):
+    table = random_table(rng, 30, 5, torch.int64)
+    with _store(tmp_path, table, queue_depth=8) as store:
+        with pickle.loads(pickle.dumps(store)) as copy:
+            assert copy is not store and copy._options == store._options
+            assert torch.equal(copy.read([29, 0]), table[[29, 0]])
+
+
+def _spawned(store, queue):
+    queue.put(store.read([3, 1]).numpy().tobytes())
+
+
+def test_a_spawned_torch_multiprocessing_child_reads_its_own_copy(tmp_path, rng):
+    import torch.multiprocessing as tmp
+
+    table = random_table(rng, 10, 3, torch.float32)
+    with _store(tmp_path, table) as store:
+        ctx = tmp.get_context("spawn")
+        queue = ctx.Queue()
+        child = ctx.Process(target=_spawned, args=(store, queue))
+        child.start()
+        data = queue.get(timeout=120)
+        child.join(60)
+        assert child.exitcode == 0 and data == table[[3, 1]].numpy().tobytes()
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")
+def test_file_systems_without_o_direct_fall_back_to_buffered_reads_with_a_warning(rng):
+    import tempfile
+
+    table = random_table(rng, 40, 6, torch.float32)
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
+        path = write_disk_store(table, os.path.join(d, "f.npy"), progress=False)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+            os.close(fd)
+            pytest.skip("this /dev/shm accepts O_DIRECT")
+        except OSError:
+            pass
+        with pytest.warns(DirectIOWarning, match="O_DIRECT"):
+            store = DiskStore(path)
+        with store:
+            assert not store.direct and torch.equal(store.read([39, 0]), table[[39, 0]])
+        with pytest.raises(OSError):
+            DiskStore(path, direct=True)
+
+
+def test_the_read_path_is_chosen_and_reported(monkeypatch):
+    assert io_path() in ("io_uring", "pread") and io_path("pread") == "pread"
+    monkeypatch.setattr(disk_io, "uring_available", lambda: False)
+    assert io_path() == "pread"
+    with pytest.raises(ValueError, match="engine"):
+        io_path("aio")
+
+
+@pytest.mark.parametrize("kw", [dict(queue_depth=0), dict(rings=True), dict(direct="yes"), dict(retries=-1),
+                                dict(queue_depth=5000), dict(max_read=1.5)])
+def test_bad_options_are_refused(tmp_path, kw):
+    path = write_disk_store(torch.zeros(4, 2), tmp_path / "f.npy", progress=False)
+    with pytest.raises(ValueError):
+        DiskStore(path, **kw)
+
+
+def test_several_rings_read_one_batch_together(tmp_path, rng):
+    if "io_uring" not in ENGINES:
+        pytest.skip("io_uring is not available here")
+    table = random_table(rng, 20000, 32, torch.float32)
+    with _store(tmp_path, table, rings=2, queue_depth=16) as store:
+        ids = torch.from_numpy(rng.integers(0, 20000, 3000))
+        assert torch.equal(store.read(ids), table[ids])
+        assert store.stats()["cpu_seconds"] > 0
+
+
+def test_raw_files_open_with_dtype_shape_and_any_offset(tmp_path, rng, engine):
+    table = random_table(rng, 77, 13, torch.int16)
+    path = tmp_path / "raw.bin"
+    path.write_bytes(b"x" * 100 + table.numpy().tobytes() + b"tail")
+    with DiskStore(path, dtype=torch.int16, shape=(77, 13), offset=100, engine=engine) as store:
+        assert store.shape == (77, 13) and torch.equal(store.read([76, 0, 40]), table[[76, 0, 40]])
+    with pytest.raises(CorruptFileError, match="need"):
+        DiskStore(path, dtype=torch.int16, shape=(78, 13), offset=100)
+    with pytest.raises(ValueError, match="both dtype and shape"):
+        DiskStore(path, dtype=torch.int16)
+
+
+def test_a_refused_o_direct_falls_back_to_the_page_cache_with_a_warning(tmp_path, rng, monkeypatch):
+    import directload.stores.disk as disk
+
+    table = random_table(rng, 40, 6, torch.float32)
+    path = write_disk_store(table, tmp_path / "f.npy", progress=False)
+    real_open = os.open
+
+    def no_direct(p, flags, *args):  # what tmpfs before Linux 6.6 answers
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(p, flags, *args)
+
+    monkeypatch.setattr(disk.os, "open", no_direct)
+    with pytest.warns(DirectIOWarning, match="O_DIRECT"):
+        store = DiskStore(path)
+    with store:
+        assert not store.direct and torch.equal(store.read([39, 0]), table[[39, 0]])
+    with pytest.raises(OSError):
+        DiskStore(path, direct=True)
+    with DiskStore(path, direct=False) as store:
+        assert not store.direct and torch.equal(store.read([5]), table[[5]])

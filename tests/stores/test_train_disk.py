@@ -1,0 +1,67 @@
+"""Training with features on disk, and the memory cap an out-of-core run uses."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import frameworks
+
+from directload.cli import main
+from directload.memcap import _controller, parse_size
+from directload.stores import verify
+
+
+@pytest.mark.ogb
+@pytest.mark.parametrize("framework", frameworks())
+def test_train_with_features_on_disk_against_the_frameworks_loader(tmp_path, framework, capsys):
+    args = ["train", "--framework", framework, "--dataset", "synth-tiny", "--root", str(tmp_path), "--features",
+            "disk", "--epochs", "2", "--fanouts", "4", "4", "--batch-size", "256", "--eval-nodes", "300",
+            "--no-progress", "--out", str(tmp_path / "out")]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "disk store per steady epoch" in printed
+    report = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
+    assert report["meta"]["features"] == "disk" and report["meta"]["feature_file_bytes"] > 0
+    runs = {r["loader"]: r for r in report["runs"]}
+    assert set(runs) == {framework, "directload"}
+    for epoch in runs["directload"]["epochs"]:
+        io = epoch["io"]
+        assert io["reads"] > 0 and io["bytes_read"] > 0 and io["read_amplification"] >= 1
+    assert all(e["io"] is None for e in runs[framework]["epochs"])
+    assert abs(runs["directload"]["test_acc"] - runs[framework]["test_acc"]) < 0.08
+    store = next(tmp_path.rglob("disk/node-feat.npy"))
+    assert verify(store, progress=False)["bad_chunks"] == []
+
+
+def test_sizes_parse_and_nonsense_is_refused():
+    assert parse_size("2G") == 2 << 30 and parse_size("1.5 GiB") == 3 << 29 and parse_size("10") == 10
+    for bad in ("", "G", "-1G", "1.5X", "0"):
+        with pytest.raises(ValueError):
+            parse_size(bad)
+
+
+def test_a_bad_memory_limit_is_refused_before_any_work(tmp_path, capsys):
+    assert main(["train", "--root", str(tmp_path), "--memory-limit", "lots", "--no-progress"]) == 1
+    assert "not a size" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+needs_cgroup = pytest.mark.skipif(os.geteuid() != 0 or _controller()[0] is None,
+                                  reason="needs root and a memory cgroup controller")
+
+
+def _python(code):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, encoding="utf-8", timeout=120)
+
+
+@needs_cgroup
+def test_the_memory_cap_is_real_and_the_cgroup_goes_at_exit():
+    over = _python("from directload.memcap import limit_memory; limit_memory(64 << 20)\n"
+                   "import numpy as np; a = np.ones(512 << 20, np.uint8); print('survived', a.sum())")
+    assert "survived" not in over.stdout and over.returncode != 0  # the kernel's OOM killer ended it
+    ok = _python("from directload.memcap import limit_memory; print(limit_memory(256 << 20))\n"
+                 "import numpy as np; a = np.ones(32 << 20, np.uint8); print(a.sum())")
+    assert ok.returncode == 0, ok.stderr
+    group, total = ok.stdout.split()
+    assert int(total) == 32 << 20 and "directload-" in group and not os.path.exists(group)
