@@ -10,8 +10,8 @@ interleaved, and the table reports medians with their spread (min-max).
   row's read needs, at the same queue depth, for the same time: the disk's
   limit.  Where fio is not installed, a bare io_uring loop over the same
   blocks stands in (marked).
-* **DiskStore** reads batches of random row ids; its IOPS count the reads it
-  issued, over the time they took, and its CPU per read is the submitting
+* **DiskStore** reads batches of random row ids for as long as fio runs; its
+  IOPS count the reads it issued, over the time they took, and its CPU per read is the submitting
   thread's (as fio's is its job's); "whole" adds the planning, the copy-out
   and everything else the process did during the read.
 * **np.memmap** (cold) and **pread** (one ``os.pread`` per row) are what a
@@ -110,14 +110,17 @@ def bare_uring_point(path, bs, qd, seconds, size, rng):
     return {"iops": done / busy, "cpu_us_per_read": cpu / done * 1e6, "tool": "bare io_uring loop (no fio)"}
 
 
-def diskstore_round(store, rng, batch):
+def diskstore_round(store, rng, batch, seconds):
+    """Batches of ``batch`` random ids for ``seconds`` (as long as fio runs)."""
     store.reset_stats()
-    ids = torch.from_numpy(rng.integers(0, store.num_rows, batch))
+    rows = 0
     t0, c0 = time.perf_counter(), time.process_time()
-    store.read(ids)
+    while time.perf_counter() - t0 < seconds:
+        store.read(torch.from_numpy(rng.integers(0, store.num_rows, batch)))
+        rows += batch
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     s = store.stats()
-    return {"iops": s["iops"], "rows_per_s": batch / wall, "cpu_us_per_read": s["cpu_us_per_read"],
+    return {"iops": s["iops"], "rows_per_s": rows / wall, "cpu_us_per_read": s["cpu_us_per_read"],
             "whole_cpu_us_per_read": cpu / s["reads"] * 1e6, "amplification": s["read_amplification"],
             "reads": s["reads"]}
 
@@ -173,7 +176,7 @@ def main(argv=None):
         store.read(torch.arange(4))  # compile outside the timing
         rec = {"diskstore": [], "memmap": [], "pread": [], "limit": []}
         for _ in tqdm(range(args.rounds), desc=f"{row} B rows"):
-            rec["diskstore"].append(diskstore_round(store, rng, args.batch))
+            rec["diskstore"].append(diskstore_round(store, rng, args.batch, args.fio_seconds))
             rec["memmap"].append(memmap_round(path, row, rows, rng, args.cold_batch))
             rec["pread"].append(pread_round(path, row, rows, rng, args.cold_batch))
             point = fio_point(path, bs, args.qd, args.fio_seconds, size)
@@ -241,7 +244,7 @@ def main(argv=None):
     b.set_yscale("log")
     b.set_ylabel("rows per second (log)")
     b.set_title("random rows, page cache bypassed")
-    b.legend(fontsize=8)
+    b.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     save_figure(fig, RESULTS / f"{args.name}.png")
     print(f"wrote {RESULTS / (args.name + '.png')}")
     return 0

@@ -166,6 +166,9 @@ def add_train_arguments(p):
                    help="memory: the memory-mapped feature table; disk: directload's loader reads the dataset's "
                         "disk store (io_uring, O_DIRECT; written on first use) while the framework's loader reads "
                         "the memory-mapped .npy")
+    p.add_argument("--eval-batch-size", type=_positive_int, default=4096,
+                   help="seed nodes per evaluation mini-batch (a small host wants fewer: each batch's input rows "
+                        "are gathered at once)")
     p.add_argument("--eval-nodes", type=_non_negative_int, default=0,
                    help="evaluate on this many nodes of each split, the same for every run (0: all)")
     p.add_argument("--memory-limit", default=None,
@@ -208,6 +211,10 @@ def run_training(args, models, loaders, seeds, name):
     features = getattr(args, "features", "memory")
     files = _feature_files(args, features)
     if limit is not None:
+        from directload.kernels.host_pool import default_pool
+
+        pool = default_pool()  # recycled output blocks count against the cap: keep few
+        pool.max_cached_bytes = min(pool.max_cached_bytes, limit // 8)
         group = limit_memory(limit)
         for f in files:
             drop_page_cache(f)
@@ -217,7 +224,8 @@ def run_training(args, models, loaders, seeds, name):
     base = TrainConfig(epochs=args.epochs, device=str(device), num_workers=args.num_workers, hidden=args.hidden,
                        lr=args.lr, batch_size=args.batch_size, layers=layers, fanouts=fanouts,
                        framework=args.framework, loader="directload", features=features,
-                       eval_nodes=getattr(args, "eval_nodes", 0))
+                       eval_nodes=getattr(args, "eval_nodes", 0),
+                       eval_batch_size=getattr(args, "eval_batch_size", 4096))
     rows = compare(dataset, base, models=models, loaders=loaders, seeds=seeds, progress=not args.no_progress)
     meta = {"dataset": args.dataset, "framework": args.framework, "device": str(device), "nodes": dataset.num_nodes,
             "edges": dataset.num_edges, "feats": int(dataset.feat.shape[1]), "epochs": args.epochs,
@@ -255,7 +263,8 @@ def _train(args):
     if args.loader in ("dgl", "pyg") and args.loader != args.framework:
         raise ValueError(f"--loader {args.loader} is {args.loader}'s own loader, but --framework is {args.framework}")
     loaders = [args.framework, "directload"] if args.loader == "both" else [args.loader]
-    return run_training(args, models, loaders, range(args.seeds), report_name("train", args.dataset, models, loaders))
+    dataset = args.dataset + ("-disk" if args.features == "disk" else "")
+    return run_training(args, models, loaders, range(args.seeds), report_name("train", dataset, models, loaders))
 
 
 def build_parser():

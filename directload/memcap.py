@@ -60,6 +60,7 @@ def limit_memory(nbytes):
     root, knob = _controller()
     if root is None:
         raise OSError("no memory cgroup controller here (neither cgroup v1's memory nor v2's memory.max)")
+    _sweep(root)
     group = root / f"directload-{os.getpid()}"
     try:
         group.mkdir(exist_ok=True)
@@ -76,6 +77,17 @@ def limit_memory(nbytes):
         raise
     atexit.register(_leave, root, group)
     return group
+
+
+def _sweep(root):
+    """Remove the empty cgroups of our own that earlier runs left when they were killed (no atexit ran)."""
+    for group in root.glob("directload-*"):
+        pid = group.name.removeprefix("directload-")
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            try:
+                group.rmdir()  # fails, harmlessly, if anything is still inside
+            except OSError:
+                pass
 
 
 def _leave(root, group):

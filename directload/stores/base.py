@@ -62,34 +62,48 @@ class ReadFuture:
     caller here: nothing is swallowed.
     """
 
-    def __init__(self, run=None, *, future=None, result=None):
-        self._run, self._future, self._result = run, future, result
+    def __init__(self, run=None, *, future=None, result=None, done=None):
+        self._run, self._future, self._result, self._done = run, future, result, done
         self._error = None
         self._lock = threading.Lock()
 
     def wait(self):
         """The rows (``[len(ids), *row_shape]``), once the read is complete."""
         with self._lock:
+            # An Exception is the read's outcome, kept for every later wait(); a KeyboardInterrupt or
+            # SystemExit while waiting is not, and leaves the read to be waited for again.
             if self._future is not None:
                 try:
                     self._result = self._future.result()
-                except BaseException as exc:  # the worker's own exception, traceback intact
+                except Exception as exc:  # the worker's own exception, traceback intact
                     self._error = exc
                 self._future = None
             elif self._run is not None:
-                run, self._run = self._run, None
                 try:
-                    self._result = run()
-                except BaseException as exc:
+                    self._result = self._run()
+                except Exception as exc:
                     self._error = exc
+                self._run = None
             if self._error is not None:
                 raise self._error
             return self._result
 
     def done(self):
-        """Whether :meth:`wait` would return at once."""
+        """Whether :meth:`wait` would return at once.
+
+        A read that runs on the caller's thread (a CPU gather from memory) runs
+        here, so polling ``done()`` always ends.
+        """
+        if self._run is not None:
+            if self._done is not None:
+                return self._done()
+            try:
+                self.wait()
+            except Exception:  # noqa: BLE001 - kept, and raised by wait()
+                pass
+            return True
         future = self._future
-        return self._run is None and (future is None or future.done())
+        return future is None or future.done()
 
 
 def _as_index(ids):

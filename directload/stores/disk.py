@@ -20,6 +20,8 @@ from .disk_format import raw_layout, read_layout
 __all__ = ["DiskStore", "DirectIOWarning", "io_path"]
 
 _MAX_BLOCK = 1 << 16
+_POOL_BYTES = 1 << 20
+_MAX_READ = 1 << 30  # one read's length is a 32-bit count
 
 
 class DirectIOWarning(UserWarning):
@@ -106,6 +108,10 @@ class DiskStore(FeatureStore):
         Bytes per merged read at most (default 128 KiB).
     retries : int
         Retries of a read that failed with an I/O error before it is raised.
+    staging_bytes : int
+        Size of the store's one staging buffer (default 64 MiB): a batch
+        whose reads need more is read in rounds, each copied out before the
+        next, so memory stays bounded whatever the batch size.
 
     Memory contract
     ---------------
@@ -126,14 +132,17 @@ class DiskStore(FeatureStore):
     """
 
     def __init__(self, path, *, dtype=None, shape=None, offset=0, queue_depth=64, rings=1, engine="auto",
-                 direct="auto", merge_gap=0, max_read=128 << 10, retries=3):
+                 direct="auto", merge_gap=0, max_read=128 << 10, retries=3, staging_bytes=64 << 20):
         super().__init__()
         for name, value, low in (("queue_depth", queue_depth, 1), ("rings", rings, 1), ("merge_gap", merge_gap, 0),
-                                 ("max_read", max_read, 1), ("retries", retries, 0)):
+                                 ("max_read", max_read, 1), ("retries", retries, 0),
+                                 ("staging_bytes", staging_bytes, 4096)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         if queue_depth > 4096:
             raise ValueError(f"queue_depth must be at most 4096, got {queue_depth}")
+        if max_read > _MAX_READ:
+            raise ValueError(f"max_read must be at most {_MAX_READ} bytes (1 GiB), got {max_read}")
         if direct not in ("auto", True, False):
             raise ValueError(f"direct must be 'auto', True or False, not {direct!r}")
         self.path = Path(path)
@@ -143,14 +152,18 @@ class DiskStore(FeatureStore):
             raise ValueError("a raw file needs both dtype and shape (a .npy file needs neither)")
         else:
             self._layout = raw_layout(self.path, dtype, shape, offset)
+        if self._layout.row_nbytes > _MAX_READ - 2 * _MAX_BLOCK:
+            raise ValueError(f"{self.path}: rows of {self._layout.row_nbytes} bytes; a disk store reads rows of "
+                             "up to 1 GiB")
         self._options = dict(dtype=dtype, shape=shape, offset=offset, queue_depth=queue_depth, rings=rings,
                              engine=engine, direct=direct,
-                             merge_gap=merge_gap, max_read=max_read, retries=retries)
+                             merge_gap=merge_gap, max_read=max_read, retries=retries, staging_bytes=staging_bytes)
         self.engine_name = io_path(engine)
         self._lock = threading.Lock()
         self._stats = dict.fromkeys(("rows", "unique_rows", "requested_bytes", "bytes_read", "reads",
                                      "io_seconds", "cpu_seconds", "batches"), 0)
         self._pid = None
+        self._staging = self._staging_raw = None
         self._open()
 
     # ---------------------------------------------------------------- shape
@@ -215,34 +228,56 @@ class DiskStore(FeatureStore):
     # ---------------------------------------------------------------- reads
     def _read_async(self, index, out, run_device, out_device):
         self._this_process()
-        ids = index.cpu().numpy().astype(np.int64, copy=False)
+        # A copy: the read runs later, and the caller may reuse its ids (or the array they share) at once.
+        ids = np.array(index.cpu().numpy(), dtype=np.int64, copy=True)
         pin = out_device.type == "cuda"
         return ReadFuture(future=self._worker.submit(self._read, ids, out, out_device, pin))
 
     def _read(self, ids, out, device, pin):
         n, rnb = ids.shape[0], self.row_nbytes
-        host = out if out is not None and out.device.type == "cpu" else \
-            torch.empty((n, *self.row_shape), dtype=self.dtype, pin_memory=pin and torch.cuda.is_available())
+        if out is not None and out.device.type == "cpu":
+            host = out
+        elif pin and torch.cuda.is_available():
+            host = torch.empty((n, *self.row_shape), dtype=self.dtype, pin_memory=True)
+        elif n * rnb >= _POOL_BYTES:  # recycled pages: a fresh large output is faulted in page by page
+            host = default_pool().empty((n, *self.row_shape), self.dtype)
+        else:
+            host = torch.empty((n, *self.row_shape), dtype=self.dtype)
         if n and rnb:
             rows, inverse = np.unique(ids, return_inverse=True)
             layout = self._layout
             offsets, lengths, needed, row_pos = disk_io.plan_reads(
                 rows, rnb, layout.data_offset, layout.file_bytes, self.block, self._options["merge_gap"],
                 max(self._options["max_read"], self.block))
-            total = int(lengths.sum(dtype=np.int64))
-            staging, _keep = _aligned(total, max(self.block, 4096))
-            dsts = np.cumsum(lengths, dtype=np.uint64) - lengths.astype(np.uint64) + np.uint64(staging.ctypes.data)
             if os.fstat(self._fd).st_size != layout.file_bytes:
                 raise CorruptFileError(f"{self.path}: the file changed size after it was opened "
                                        f"({layout.file_bytes} -> {os.fstat(self._fd).st_size} bytes)")
-            t0, c0 = time.perf_counter(), time.thread_time()
-            res = self._engine.read(self._fd, offsets, lengths, dsts, needed, self.block)
-            dt, cpu = time.perf_counter() - t0, time.thread_time() - c0
-            bad = np.flatnonzero(res < 0)
-            if bad.size:
-                self._raise(bad[0], res, offsets, lengths)
-            disk_io.copy_rows(staging, row_pos, inverse.reshape(-1), host.view(torch.uint8).numpy().reshape(-1),
-                              rnb)
+            starts = np.cumsum(lengths, dtype=np.int64) - lengths  # each read's place in one long staging run
+            total = int(starts[-1] + lengths[-1])
+            # Reads go in rounds through one reused staging buffer of at most staging_bytes (plus one read),
+            # each round's rows copied out before the next, so a big batch needs no big second copy of itself.
+            chunk = max(self._options["staging_bytes"], int(lengths.max()))
+            staging = self._staging_buffer(min(total, chunk))
+            out_bytes = host.view(torch.uint8).numpy().reshape(-1)
+            inverse = inverse.reshape(-1).astype(np.int64, copy=False)
+            row_read = np.searchsorted(starts, row_pos, side="right") - 1
+            dt = cpu = 0.0
+            a = 0
+            while a < offsets.shape[0]:
+                b = int(np.searchsorted(starts, starts[a] + chunk, side="right"))
+                b = max(b, a + 1)
+                while b > a + 1 and starts[b - 1] + lengths[b - 1] - starts[a] > chunk:
+                    b -= 1
+                dsts = (starts[a:b] - starts[a]).astype(np.uint64) + np.uint64(staging.ctypes.data)
+                t0, c0 = time.perf_counter(), time.thread_time()
+                res = self._engine.read(self._fd, offsets[a:b], lengths[a:b], dsts, needed[a:b], self.block)
+                dt, cpu = dt + time.perf_counter() - t0, cpu + time.thread_time() - c0
+                bad = np.flatnonzero(res < 0)
+                if bad.size:
+                    self._raise(a + bad[0], np.concatenate([np.zeros(a, np.int64), res]), offsets, lengths)
+                lo, hi = np.searchsorted(row_read, [a, b])
+                disk_io.copy_rows_range(staging, row_pos - starts[a], inverse, out_bytes, rnb, lo, hi)
+                a = b
             with self._lock:
                 s = self._stats
                 s["unique_rows"] += rows.shape[0]
@@ -259,6 +294,15 @@ class DiskStore(FeatureStore):
                 out.copy_(host)
             return out
         return host if device.type == "cpu" else host.to(device, non_blocking=False)
+
+    def _staging_buffer(self, nbytes):
+        """The store's staging buffer, aligned for O_DIRECT, grown (never shrunk) to ``nbytes``."""
+        if self._staging is None or self._staging.nbytes < nbytes:
+            self._staging = None
+            raw = np.empty(nbytes + 4096, np.uint8)
+            start = (-raw.ctypes.data) % 4096
+            self._staging, self._staging_raw = raw[start:start + nbytes], raw
+        return self._staging
 
     def _raise(self, k, res, offsets, lengths):
         code = int(-res[k])
@@ -298,10 +342,15 @@ class DiskStore(FeatureStore):
 
     # ------------------------------------------------------------- lifetime
     def _close(self):
-        if self._pid == os.getpid():
-            self._worker.shutdown(wait=True)  # reads in flight finish first
-            self._engine.close()
-        os.close(self._fd)
+        try:
+            if self._pid == os.getpid():
+                # Reads in flight finish first; a store dropped by its own last read closes on the worker,
+                # which cannot wait for itself (it is finishing that read).
+                on_worker = threading.current_thread() in getattr(self._worker, "_threads", ())
+                self._worker.shutdown(wait=not on_worker)
+                self._engine.close()
+        finally:
+            os.close(self._fd)
 
     def __del__(self):
         if not getattr(self, "_closed", True) and getattr(self, "_pid", None) == os.getpid():

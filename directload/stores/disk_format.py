@@ -145,6 +145,18 @@ def _header(np_dtype, shape):
     return np.lib.format.MAGIC_PREFIX + bytes([1, 0]) + (total - head).to_bytes(2, "little") + text.encode("latin1")
 
 
+def _writable_dtype(np_dtype):
+    """The torch dtype a disk store of ``np_dtype`` rows reads back as, or ``TypeError``."""
+    try:
+        dtype = torch.from_numpy(np.empty(0, np_dtype)).dtype
+    except (TypeError, ValueError):  # no torch dtype, or not this machine's byte order
+        dtype = None
+    if dtype not in _TORCH_DTYPES.values() or np_dtype.byteorder == ">":
+        raise TypeError(f"{np_dtype} rows cannot be written to a disk store (it takes "
+                        f"{', '.join(sorted(_TORCH_DTYPES))}, little-endian)")
+    return dtype
+
+
 def _source(src):
     """``(numpy array to stream from, torch dtype, description)``."""
     if isinstance(src, (str, os.PathLike)):
@@ -152,9 +164,10 @@ def _source(src):
         if not path.exists():
             raise FileNotFoundError(f"no such file: {path}")
         np_dtype, shape, offset = npy_layout(path)
+        dtype = _writable_dtype(np_dtype)
         array = np.memmap(path, dtype=np_dtype, mode="r", offset=offset, shape=shape) if np.prod(shape) else \
             np.empty(shape, np_dtype)
-        return array, _torch_dtype(np_dtype, path), str(path)
+        return array, dtype, str(path)
     if isinstance(src, torch.Tensor):
         if src.is_complex() or src.dtype not in _TORCH_DTYPES.values():
             raise TypeError(f"{src.dtype} tables cannot be written to a disk store")
@@ -165,9 +178,7 @@ def _source(src):
             return t.contiguous().view(torch.int16).numpy().view(np.uint16), src.dtype, "tensor"
         return t.contiguous().numpy(), src.dtype, "tensor"
     if isinstance(src, np.ndarray):
-        if src.dtype.hasobject or src.dtype.fields is not None:
-            raise TypeError(f"{src.dtype} arrays cannot be written to a disk store")
-        return src, _torch_dtype(src.dtype, "array"), "array"
+        return src, _writable_dtype(src.dtype), "array"
     feat = getattr(src, "feat", None)
     if feat is not None:  # a directload.datasets Dataset (OGB's layout)
         return _source(feat.check_backing() if hasattr(feat, "check_backing") else feat)
@@ -222,7 +233,7 @@ def write_disk_store(src, path, *, overwrite=False, progress=True, chunk_bytes=C
                                   "overwriting it")
     path.parent.mkdir(parents=True, exist_ok=True)
     header = _header(array.dtype, array.shape)
-    rows = array.reshape(array.shape[0], -1) if array.shape[0] else array.reshape(0, -1)
+    rows = array.reshape(array.shape[0], int(np.prod(array.shape[1:], dtype=np.int64)))
     row_nbytes = rows.shape[1] * array.dtype.itemsize if rows.ndim == 2 else 0
     data_bytes = int(array.size) * array.dtype.itemsize
     chunks = []
@@ -255,6 +266,8 @@ def write_disk_store(src, path, *, overwrite=False, progress=True, chunk_bytes=C
         fd2, tmp_side = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".json.partial")
         with os.fdopen(fd2, "w", encoding="utf-8") as f:
             json.dump(meta, f)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
         os.replace(tmp_side, sidecar_path(path))
     except BaseException:

@@ -24,13 +24,13 @@ import errno
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["plan_reads", "copy_rows", "UringEngine", "PreadEngine", "uring_available", "FAULTS"]
+__all__ = ["plan_reads", "copy_rows", "copy_rows_range", "UringEngine", "PreadEngine", "uring_available", "FAULTS"]
 
 #: Fault injection for tests: ``[errno to inject, completions to fail, completions to cut short]``.  The
 #: engines read it at each call (a hook in the reader, as the reliability tests need); all zero in use.
@@ -103,15 +103,33 @@ def copy_rows(staging, row_pos, inverse, out, row_nbytes):
         out[o:o + row_nbytes] = staging[p:p + row_nbytes]
 
 
+@njit(cache=True, nogil=True)
+def copy_rows_range(staging, row_pos, inverse, out, row_nbytes, lo, hi):
+    """:func:`copy_rows` for the outputs whose unique row is in ``[lo, hi)`` (one staging round)."""
+    for i in range(inverse.shape[0]):
+        u = inverse[i]
+        if lo <= u < hi:
+            p = row_pos[u]
+            o = i * row_nbytes
+            out[o:o + row_nbytes] = staging[p:p + row_nbytes]
+
+
+@njit(nogil=True)
+def _inject(r, block, faults):
+    """``r`` after the test hook :data:`FAULTS`: an error instead of a result, or a result cut short."""
+    if r > 0 and faults[1] > 0:
+        faults[1] -= 1
+        return -faults[0]
+    if r > block and faults[2] > 0:
+        faults[2] -= 1
+        return (r // 2) // block * block
+    return r
+
+
 @njit(nogil=True)
 def _complete(i, r, block, faults, cur_off, cur_dst, cur_len, left, attempts, retries, res, stack, top):
     """Account one completion; returns ``(finished 0/1, new stack top)``."""
-    if r > 0 and faults[1] > 0:
-        faults[1] -= 1
-        r = -faults[0]
-    elif r > block and faults[2] > 0:
-        faults[2] -= 1
-        r = (r // 2) // block * block
+    r = _inject(r, block, faults)
     if r < 0:
         if r == -_EAGAIN or r == -_EINTR or attempts[i] < retries:
             attempts[i] += 1
@@ -282,8 +300,8 @@ class UringEngine:
         self._pool_cpu = 0.0
 
     def read(self, fd, offsets, lengths, dsts, needed, block):
-        """Run the reads; returns ``res`` (0 per completed read, ``-errno`` per failed one)."""
-        res = np.zeros(offsets.shape[0], np.int64)
+        """Run the reads; returns ``res`` (0 per completed read, ``-errno`` per failed or unfinished one)."""
+        res = np.full(offsets.shape[0], -errno.EIO, np.int64)
         parts = len(self._rings)
         if parts == 1 or offsets.shape[0] < 2 * self.queue_depth:
             self._read_part(fd, offsets, lengths, dsts, needed, block, res)
@@ -291,6 +309,7 @@ class UringEngine:
         bounds = np.linspace(0, offsets.shape[0], parts + 1).astype(np.int64)
         futures = [self._pool.submit(_timed, self._read_part, fd, offsets[a:b], lengths[a:b], dsts[a:b],
                                      needed[a:b], block, res[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+        wait(futures)  # every part has stopped writing into the buffers before anything is raised
         self._pool_cpu += sum(fut.result() for fut in futures)
         return res
 
@@ -308,6 +327,12 @@ class UringEngine:
             ring, cqes = self._rings[k]
             status = _RUN(ctypes.addressof(ring), fd, offsets, lengths, dsts, needed, self.queue_depth, block,
                           self.retries, FAULTS, res, cqes)
+            if status < 0:  # entries may be left queued in the ring: start it afresh
+                self._f["queue_exit"](ctypes.addressof(ring))
+                rc = self._f["queue_init"](self.queue_depth, ctypes.addressof(ring), 0)
+                if rc < 0:
+                    raise OSError(-rc, f"io_uring_queue_init: {os.strerror(-rc)}")
+                self._f["dontfork"](ctypes.addressof(ring))
         finally:
             with self._lock:
                 self._free.append(k)
@@ -347,12 +372,7 @@ def _pread_run(fd, offsets, lengths, dsts, needed, block, retries, faults, res):
             r = _pread(fd, np.uint64(dst), np.uint64(length), off)
             if r < 0:
                 r = -np.int64(_load_i32(_errno_location()))
-            if r > 0 and faults[1] > 0:
-                faults[1] -= 1
-                r = -faults[0]
-            elif r > block and faults[2] > 0:
-                faults[2] -= 1
-                r = (r // 2) // block * block
+            r = _inject(r, block, faults)
             if r < 0:
                 if r == -_EAGAIN or r == -_EINTR or attempts < retries:
                     attempts += 1
@@ -383,7 +403,7 @@ class PreadEngine:
         self._pool_cpu = 0.0
 
     def read(self, fd, offsets, lengths, dsts, needed, block):
-        res = np.zeros(offsets.shape[0], np.int64)
+        res = np.full(offsets.shape[0], -errno.EIO, np.int64)
         n = offsets.shape[0]
         if self._pool is None or n < 4 * self.threads:
             _pread_run(fd, offsets, lengths, dsts, needed, block, self.retries, FAULTS, res)
@@ -391,6 +411,7 @@ class PreadEngine:
         bounds = np.linspace(0, n, self.threads + 1).astype(np.int64)
         futures = [self._pool.submit(_timed, _pread_run, fd, offsets[a:b], lengths[a:b], dsts[a:b], needed[a:b],
                                      block, self.retries, FAULTS, res[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+        wait(futures)
         self._pool_cpu += sum(fut.result() for fut in futures)
         return res
 

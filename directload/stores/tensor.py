@@ -72,9 +72,10 @@ class TensorStore(FeatureStore):
             rows = table.index_select(0, index.to(table.device).long())
             return ReadFuture(result=_deliver(rows, out, out_device))
         future = gather_async(table, index, out=direct)
+        done = future.done if run_device.type == "cuda" else None  # a CPU gather runs in wait() (or done())
         if direct is not None or (out is None and run_device == out_device):
-            return ReadFuture(future.wait)
-        return ReadFuture(lambda: _deliver(future.wait(), out, out_device))
+            return ReadFuture(future.wait, done=done)
+        return ReadFuture(lambda: _deliver(future.wait(), out, out_device), done=done)
 
 def _deliver(rows, out, device):
     """``rows`` on ``device``, written into ``out`` when given."""

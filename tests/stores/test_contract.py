@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from conftest import DTYPES, ROW_ELEMS, assert_gathers, bits, random_table
+from conftest import DTYPES, ROW_ELEMS, assert_gathers, bits, random_table, within
 
 import directload
 from directload.stores import ClosedError, FeatureStore, ReadFuture, TensorStore, read_devices
@@ -156,3 +156,31 @@ def test_a_failure_on_a_background_read_reaches_wait():
         for _ in range(2):  # the same error each time
             with pytest.raises(OSError, match="injected"):
                 future.wait()
+
+
+def test_polling_done_ends_for_a_read_that_runs_on_the_callers_thread():
+    future = TensorStore(torch.arange(10.0).view(5, 2)).read_async([4])
+    assert within(10, future.done) is True and torch.equal(future.wait(), torch.tensor([[8.0, 9.0]]))
+    bad = ReadFuture(lambda: 1 / 0)
+    assert bad.done() is True
+    with pytest.raises(ZeroDivisionError):
+        bad.wait()
+
+
+def test_an_interrupt_while_waiting_is_not_kept_as_the_reads_outcome():
+    class Interrupted:
+        calls = 0
+
+        def result(self):
+            Interrupted.calls += 1
+            if Interrupted.calls == 1:
+                raise KeyboardInterrupt
+            return "rows"
+
+        def done(self):
+            return True
+
+    future = ReadFuture(future=Interrupted())
+    with pytest.raises(KeyboardInterrupt):
+        future.wait()
+    assert future.wait() == "rows" and future.wait() == "rows"

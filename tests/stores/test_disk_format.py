@@ -125,3 +125,17 @@ def test_bfloat16_rows_round_trip_bit_exact(tmp_path, rng):
         assert store.dtype == torch.bfloat16
         got = store.read(torch.arange(63, -1, -1))
         assert torch.equal(bits(got), bits(table.flip(0)))
+
+
+def test_tables_without_rows_round_trip(tmp_path):
+    for i, table in enumerate((np.zeros((0, 5), np.float32), np.zeros((0,), np.int64))):
+        with DiskStore(write_disk_store(table, tmp_path / f"e{i}.npy", progress=False)) as store:
+            assert store.shape == table.shape and store.read([]).shape == (0, *table.shape[1:])
+        assert verify(tmp_path / f"e{i}.npy", progress=False)["bad_chunks"] == []
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.uint32, np.dtype(">f4"), np.float128])
+def test_rows_the_reader_cannot_take_are_refused_by_the_writer(tmp_path, dtype):
+    with pytest.raises(TypeError, match="cannot be written"):
+        write_disk_store(np.zeros((3, 2), dtype), tmp_path / "f.npy", progress=False)
+    assert list(tmp_path.iterdir()) == []

@@ -186,6 +186,16 @@ def test_a_spawned_torch_multiprocessing_child_reads_its_own_copy(tmp_path, rng)
         assert child.exitcode == 0 and data == table[[3, 1]].numpy().tobytes()
 
 
+def _reads_buffered(path, table):
+    """Opening ``path`` warns that O_DIRECT is refused, then reads right through the page cache."""
+    with pytest.warns(DirectIOWarning, match="O_DIRECT"):
+        store = DiskStore(path)
+    with store:
+        assert not store.direct and torch.equal(store.read([len(table) - 1, 0]), table[[len(table) - 1, 0]])
+    with pytest.raises(OSError):
+        DiskStore(path, direct=True)
+
+
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")
 def test_file_systems_without_o_direct_fall_back_to_buffered_reads_with_a_warning(rng):
     import tempfile
@@ -194,17 +204,11 @@ def test_file_systems_without_o_direct_fall_back_to_buffered_reads_with_a_warnin
     with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
         path = write_disk_store(table, os.path.join(d, "f.npy"), progress=False)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-            os.close(fd)
-            pytest.skip("this /dev/shm accepts O_DIRECT")
+            os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
+            pytest.skip("this /dev/shm accepts O_DIRECT (tmpfs does from Linux 6.6)")
         except OSError:
             pass
-        with pytest.warns(DirectIOWarning, match="O_DIRECT"):
-            store = DiskStore(path)
-        with store:
-            assert not store.direct and torch.equal(store.read([39, 0]), table[[39, 0]])
-        with pytest.raises(OSError):
-            DiskStore(path, direct=True)
+        _reads_buffered(path, table)
 
 
 def test_the_read_path_is_chosen_and_reported(monkeypatch):
@@ -258,11 +262,54 @@ def test_a_refused_o_direct_falls_back_to_the_page_cache_with_a_warning(tmp_path
         return real_open(p, flags, *args)
 
     monkeypatch.setattr(disk.os, "open", no_direct)
-    with pytest.warns(DirectIOWarning, match="O_DIRECT"):
-        store = DiskStore(path)
-    with store:
-        assert not store.direct and torch.equal(store.read([39, 0]), table[[39, 0]])
-    with pytest.raises(OSError):
-        DiskStore(path, direct=True)
+    _reads_buffered(path, table)
     with DiskStore(path, direct=False) as store:
         assert not store.direct and torch.equal(store.read([5]), table[[5]])
+
+
+@pytest.mark.parametrize("staging_bytes", [4096, 8192, 1 << 20])
+def test_batches_larger_than_the_staging_buffer_are_read_in_rounds(tmp_path, rng, engine, staging_bytes):
+    table = random_table(rng, 3000, 100, torch.float32)  # 400-byte rows: reads span blocks
+    with _store(tmp_path, table, engine=engine, staging_bytes=staging_bytes, max_read=8192) as store:
+        ids = torch.from_numpy(rng.integers(0, 3000, 2500))
+        assert torch.equal(store.read(ids), table[ids])
+        assert torch.equal(store.read(torch.arange(2999, -1, -1)), table.flip(0))
+        assert store._staging.nbytes <= max(staging_bytes, 8192)
+        disk_io.FAULTS[:] = (errno.EIO, 1000, 0)
+        with pytest.raises(OSError, match="offset"):
+            store.read(ids)
+
+
+def test_ids_reused_by_the_caller_after_read_async_do_not_change_the_read(tmp_path, rng, engine):
+    table = random_table(rng, 20000, 64, torch.float32)
+    with _store(tmp_path, table, engine=engine) as store:
+        busy = store.read_async(torch.from_numpy(rng.integers(0, 20000, 20000)))  # keeps the worker busy
+        ids = torch.arange(10)
+        numpy_ids = np.arange(10, 20)
+        first, second = store.read_async(ids), store.read_async(numpy_ids)
+        ids[:] = 19999
+        numpy_ids[:] = -5  # would read the header as rows if the read looked at it later
+        busy.wait()
+        assert torch.equal(first.wait(), table[:10]) and torch.equal(second.wait(), table[10:20])
+
+
+def test_a_store_dropped_with_a_read_in_flight_releases_its_file(tmp_path, rng, engine):
+    import gc
+
+    table = random_table(rng, 500, 16, torch.float32)
+    path = write_disk_store(table, tmp_path / "f.npy", progress=False)
+    DiskStore(path, engine=engine).close()  # compile and warm up outside the count
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        future = DiskStore(path, engine=engine).read_async(torch.arange(500))
+        assert torch.equal(future.wait(), table)
+        del future
+        gc.collect()
+    within(10, lambda: None)
+    assert len(os.listdir("/proc/self/fd")) <= before + 1
+
+
+def test_reads_longer_than_a_32_bit_count_are_refused(tmp_path):
+    path = write_disk_store(torch.zeros(4, 2), tmp_path / "f.npy", progress=False)
+    with pytest.raises(ValueError, match="max_read"):
+        DiskStore(path, max_read=2 << 30)

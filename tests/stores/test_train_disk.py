@@ -65,3 +65,8 @@ def test_the_memory_cap_is_real_and_the_cgroup_goes_at_exit():
     assert ok.returncode == 0, ok.stderr
     group, total = ok.stdout.split()
     assert int(total) == 32 << 20 and "directload-" in group and not os.path.exists(group)
+    # the killed child's cgroup (no atexit ran) was swept by the next run; live runs' groups are kept
+    root = os.path.dirname(group)
+    left = [g for g in os.listdir(root) if g.startswith("directload-")
+            and not os.path.exists(f"/proc/{g.removeprefix('directload-')}")]
+    assert left == []

@@ -63,6 +63,7 @@ def _same(want, got):
     dict(directed=False),
     dict(time_attr="t"),
 ], ids=lambda kw: ",".join(kw))
+@pytest.mark.filterwarnings("ignore:The usage of the 'directed' argument:UserWarning")  # PyG's own deprecation
 def test_every_option_gives_pygs_batches_or_pygs_error(data, kw):
     kw = {"num_neighbors": [4, 3], "input_nodes": data.train_mask, "batch_size": 40, "shuffle": True, **kw}
     _same(_run(PygNeighborLoader, data, **kw), _run(NeighborLoader, data, **kw))
