@@ -61,7 +61,7 @@ setup(
         # OGB's raw-file readers, to load datasets (real or generated); the framework extras include it.
         "ogb": ["ogb==1.3.6"],
         "io": ["liburing"],
-        "dev": ["pytest", "hypothesis", "ruff", "pytorch-lightning>=2.4"],
+        "dev": ["pytest", "hypothesis", "ruff", "import-linter>=2.1", "pytorch-lightning>=2.4"],
     },
     entry_points={"console_scripts": ["directload=directload.cli:main"]},
 )

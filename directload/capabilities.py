@@ -1,6 +1,8 @@
 """What this machine can do (CUDA, CuPy, NVRTC, Numba CUDA simulator, io_uring), decided once."""
 
+import ctypes
 import functools
+import glob
 import os
 from dataclasses import asdict, dataclass
 
@@ -32,11 +34,6 @@ class Capabilities:
     disk_reads : str
         The read path of :class:`directload.stores.DiskStore`: ``"io_uring"``,
         or ``"pread"`` (a thread pool) where io_uring is missing.
-    cpu_threads : int
-        Threads a parallel CPU gather uses (at the time of the probe).
-    cpu_team : str
-        Whose OpenMP team runs parallel CPU gathers: ``"torch"`` or ``"numba"``
-        (``directload.kernels.cpu`` says why).
     host_memory : str
         Memory new unified tensors get: ``"pinned-mapped"`` with CUDA, else
         ``"host"`` (ordinary pageable memory).
@@ -51,8 +48,6 @@ class Capabilities:
     cudasim: bool
     io_uring: bool
     disk_reads: str
-    cpu_threads: int
-    cpu_team: str
     host_memory: str
 
     def as_dict(self):
@@ -78,9 +73,39 @@ def _cupy():
     return cupy.__version__
 
 
-def _nvrtc():
-    from directload.kernels.nvrtc import find_libnvrtc
+def find_libnvrtc():
+    """Path of ``libnvrtc`` (CUDA 12 or 13): the pip wheel torch or CuPy brings, else the system one.
 
+    NVIDIA's ``cuda-pathfinder`` (a dependency of CuPy and numba-cuda) knows
+    where each CUDA release's wheels put it (``nvidia/cuda_nvrtc/lib`` for 12,
+    ``nvidia/cu13/lib`` for 13); without it, those places are searched here.
+    """
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+
+        return load_nvidia_dynamic_lib("nvrtc").abs_path
+    except Exception:  # not installed, or it found no nvrtc: search below
+        pass
+    try:
+        import nvidia
+
+        for root in nvidia.__path__:
+            for pattern in ("cuda_nvrtc/lib/libnvrtc.so.1[23]*", "cu13/lib/libnvrtc.so.13*"):
+                hits = sorted(glob.glob(os.path.join(root, pattern)))
+                if hits:
+                    return hits[0]
+    except ImportError:
+        pass
+    for candidate in ("libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"):
+        try:
+            ctypes.CDLL(candidate)
+            return candidate
+        except OSError:
+            continue
+    return None
+
+
+def _nvrtc():
     return find_libnvrtc() or ""
 
 
@@ -127,8 +152,6 @@ def capabilities():
     >>> caps.host_memory in ("pinned-mapped", "host")
     True
     """
-    from directload.kernels import cpu
-
     cudasim = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
     cuda, count, name = _cuda()
     uring = _io_uring()
@@ -142,8 +165,6 @@ def capabilities():
         cudasim=cudasim,
         io_uring=uring,
         disk_reads="io_uring" if uring else "pread",
-        cpu_threads=cpu.get_num_threads(),
-        cpu_team=cpu.team(),
         host_memory="pinned-mapped" if cuda else "host",
     )
 

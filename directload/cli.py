@@ -71,8 +71,11 @@ def _default_out():
 
 def _info(args):
     from directload.capabilities import capabilities
+    from directload.kernels import cpu
 
     caps = capabilities().as_dict()
+    # The CPU gathers' thread team is the kernels' own choice (directload.kernels.cpu says why).
+    caps.update(cpu_threads=cpu.get_num_threads(), cpu_team=cpu.team())
     if args.json:
         print(json.dumps(caps, indent=2))
     else:

@@ -1,7 +1,6 @@
 """Host memory for unified tensors: pooled pinned allocations, chunked registration, plain fallback."""
 
 import contextlib
-import math
 import os
 import resource
 import shutil
@@ -10,6 +9,8 @@ import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from directload.kernels.host_bytes import host_view, nbytes_of
 
 __all__ = [
     "PinError",
@@ -353,28 +354,9 @@ def pool():
         return _state["pool"]
 
 
-class _Raw:
-    """Exposes ``[ptr, ptr+nbytes)`` as a numpy buffer that keeps ``owner`` alive."""
-
-    def __init__(self, ptr, nbytes, owner, writable):
-        self.owner = owner
-        self.__array_interface__ = {"data": (ptr, not writable), "shape": (nbytes,), "typestr": "|u1",
-                                    "version": 3}
-
-
-def host_view(ptr, nbytes, owner, writable=True):
-    """A uint8 numpy array over ``[ptr, ptr+nbytes)`` that keeps ``owner`` alive while it lives."""
-    return np.asarray(_Raw(ptr, nbytes, owner, writable))
-
-
 def host_array(alloc, writable=True):
     """A uint8 numpy array over an allocation's bytes; it keeps the allocation alive."""
     return host_view(alloc.ptr, alloc.nbytes, alloc, writable)
-
-
-def nbytes_of(shape, dtype):
-    """Bytes of a C-contiguous tensor of ``shape`` and torch ``dtype``."""
-    return math.prod(shape) * dtype.itemsize
 
 
 def allocate(nbytes, *, pin="require", shared=False):

@@ -13,9 +13,9 @@ import numpy as np
 import torch
 
 from directload.capabilities import capabilities
-from directload.memory import nbytes_of
 
 from .cpu import first_invalid, gather_rows
+from .host_bytes import nbytes_of
 from .host_pool import default_pool
 
 __all__ = ["gather", "gather_async", "GatherFuture", "resolve_backend", "check_devices", "check_no_overlap",

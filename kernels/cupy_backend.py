@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .host_emu import CUDA_DIR, _cache_dir
 from .indexing import BLOCK, WARP, launch_grid
 from .nvrtc import compile_gather, kernel_name
+from .sources import CUDA_DIR, cache_dir
 
 __all__ = ["kernel", "gather_rows"]
 
@@ -35,7 +35,7 @@ def kernel(device_id, aligned, elem_bytes, index_bytes):
         arch = f"sm_{major}{minor}"
         name = kernel_name(aligned, elem_bytes, index_bytes)
         digest = hashlib.sha256((CUDA_DIR / "gather.cu").read_bytes() + name.encode() + arch.encode())
-        path = _cache_dir().parent / "cubin" / f"{digest.hexdigest()[:20]}.cubin"
+        path = cache_dir() / "cubin" / f"{digest.hexdigest()[:20]}.cubin"
         lowered_path = path.with_suffix(".name")
         if not path.exists():
             res = compile_gather(arch, [name])

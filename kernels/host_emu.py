@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 
 from .indexing import BLOCK
+from .sources import CUDA_DIR, cache_dir
 
 __all__ = ["CUDA_DIR", "EmulationError", "library", "launch", "aligned_mirror"]
 
-CUDA_DIR = Path(__file__).with_name("cuda")
 _SOURCES = ("gather.cu", "cuda_shim.h", "emu_launch.cpp")
 
 
@@ -24,10 +24,7 @@ class EmulationError(RuntimeError):
 
 
 def _cache_dir():
-    root = os.environ.get("DIRECTLOAD_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "directload"
-    )
-    return Path(root) / "emu"
+    return cache_dir() / "emu"
 
 
 @functools.cache

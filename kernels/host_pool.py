@@ -7,7 +7,7 @@ import weakref
 import numpy as np
 import torch
 
-from directload.memory import host_view, nbytes_of
+from .host_bytes import host_view, nbytes_of
 
 __all__ = ["HostBufferPool", "size_class", "default_pool"]
 

@@ -1,7 +1,7 @@
 """Numba CUDA backend: naive and aligned row-gather kernels (also run under the CUDA simulator)."""
 
+import contextlib
 from types import SimpleNamespace
-from unittest import mock
 
 import numpy as np
 from numba import cuda, types
@@ -173,6 +173,17 @@ def compile_ptx(aligned, elem_dtype, index_dtype, cc=(9, 0)):
     from numba.cuda import dispatcher as _cuda_dispatcher
 
     device = SimpleNamespace(compute_capability=tuple(cc))
-    with mock.patch.object(_cuda_dispatcher, "get_current_device", lambda: device):
+    with _swapped(_cuda_dispatcher, "get_current_device", lambda: device):
         ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=cc)
     return ptx
+
+
+@contextlib.contextmanager
+def _swapped(owner, name, value):
+    """``owner.name`` is ``value`` inside the block, and what it was after it."""
+    old = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, old)

@@ -2,11 +2,11 @@
 
 import ctypes
 import functools
-import glob
-import os
 from dataclasses import dataclass
 
-from .host_emu import CUDA_DIR
+from directload.capabilities import find_libnvrtc
+
+from .sources import CUDA_DIR
 
 __all__ = ["NvrtcError", "CompileResult", "find_libnvrtc", "kernel_name", "compile_gather", "ELEM_TYPES", "INDEX_TYPES"]
 
@@ -37,38 +37,6 @@ class CompileResult:
     image: bytes
     lowered: dict
     log: str
-
-
-def find_libnvrtc():
-    """Path of ``libnvrtc`` (CUDA 12 or 13): the pip wheel torch or CuPy brings, else the system one.
-
-    NVIDIA's ``cuda-pathfinder`` (a dependency of CuPy and numba-cuda) knows
-    where each CUDA release's wheels put it (``nvidia/cuda_nvrtc/lib`` for 12,
-    ``nvidia/cu13/lib`` for 13); without it, those places are searched here.
-    """
-    try:
-        from cuda.pathfinder import load_nvidia_dynamic_lib
-
-        return load_nvidia_dynamic_lib("nvrtc").abs_path
-    except Exception:  # not installed, or it found no nvrtc: search below
-        pass
-    try:
-        import nvidia
-
-        for root in nvidia.__path__:
-            for pattern in ("cuda_nvrtc/lib/libnvrtc.so.1[23]*", "cu13/lib/libnvrtc.so.13*"):
-                hits = sorted(glob.glob(os.path.join(root, pattern)))
-                if hits:
-                    return hits[0]
-    except ImportError:
-        pass
-    for candidate in ("libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"):
-        try:
-            ctypes.CDLL(candidate)
-            return candidate
-        except OSError:
-            continue
-    return None
 
 
 @functools.cache

@@ -82,9 +82,15 @@ sys.exit(0 if t.WITH_TORCH_SPARSE else 'torch_sparse does not load: PyG cannot s
     echo "pyg-$(_stamp)" > "$PYG_VENV/.directload-setup"
 }
 
+_lint_imports() {  # import-linter on a copy of the tree laid out as installed (kernels/, loaders/ inside)
+    "$DGL_VENV/bin/python" scripts/lint_imports.py
+}
+
 run_tests() {
     echo "== lint =="
     "$DGL_VENV/bin/ruff" check .
+    echo "== layers: imports flow one way (import-linter, .importlinter) =="
+    _lint_imports
     echo "== DGL lane (torch 2.2.1): CPU, host emulation, offline compiles, DGL =="
     DIRECTLOAD_LANE=dgl "$DGL_VENV/bin/pytest" "$@"
     echo "== PyG lane (torch $PYG_TORCH): CPU, host emulation, offline compiles, PyG =="

@@ -21,8 +21,7 @@ def test_answers_are_consistent():
     assert caps.nvrtc and os.path.exists(caps.nvrtc) or caps.nvrtc.startswith("libnvrtc")
     assert isinstance(caps.io_uring, bool)
     assert caps.disk_reads == ("io_uring" if caps.io_uring else "pread")
-    assert caps.cpu_threads >= 1
-    assert caps.cpu_team in ("torch", "numba")
+
 
 
 def test_import_touches_no_gpu_and_compiles_nothing():
