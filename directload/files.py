@@ -6,6 +6,10 @@ import weakref
 import numpy as np
 import torch
 
+from . import unified
+from .memory import resolve_pin
+from .unified import to_unified
+
 __all__ = ["CorruptFileError", "FileWatch", "from_file", "npy_layout"]
 
 
@@ -119,9 +123,6 @@ def from_file(path, dtype=None, shape=None, *, offset=0, mode="r", affinity="cud
     >>> directload.from_file(path).host[2].tolist()
     [4.0, 5.0]
     """
-    from .memory import resolve_pin
-    from .unified import to_unified
-
     path = os.fspath(path)
     if mode not in ("r", "r+"):
         raise ValueError(f"mode must be 'r' or 'r+', got {mode!r}")
@@ -170,3 +171,6 @@ def _raw_shape(path, size, dtype, shape, offset):
         kind = "truncated" if size < known else "longer than the shape says"
         raise CorruptFileError(f"{path}: {kind}: shape {shape} of {dtype} needs {known} bytes, file has {size}")
     return shape
+
+
+unified._open_file = from_file  # unpickling a file-backed unified tensor maps the file again

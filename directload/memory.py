@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from directload.capabilities import capabilities
 from directload.kernels.host_bytes import host_view, nbytes_of
 
 __all__ = [
@@ -139,7 +140,7 @@ class NumbaMappedRuntime(HostRuntime):
         self._blocks = {}
 
     def host_alloc(self, nbytes):
-        from numba import cuda
+        from numba import cuda  # CUDA only: numba.cuda and its kernels load on first use
 
         from directload.kernels.numba_cuda import array_address
 
@@ -308,8 +309,6 @@ _state_lock = threading.Lock()
 
 def runtime():
     """The process's ``HostRuntime``: CuPy's where CUDA is usable (else Numba's), ``None`` without CUDA."""
-    from directload.capabilities import capabilities
-
     with _state_lock:
         if "runtime" not in _state:
             caps = capabilities()

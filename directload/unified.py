@@ -6,6 +6,10 @@ import numpy as np
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
+from directload.capabilities import capabilities
+from directload.kernels import gather
+from directload.kernels.interop import CudaArrayView
+
 from . import memory
 from .placement import (
     AFFINITIES,
@@ -113,8 +117,6 @@ class UnifiedTensor(torch.Tensor):
         It keeps the memory alive.  Raises ``RuntimeError`` without CUDA, or
         when the memory is not pinned.
         """
-        from directload.kernels.interop import CudaArrayView
-
         host = self._live_host()
         alloc = self._alloc
         if not torch.cuda.is_available():
@@ -245,8 +247,6 @@ _READ_ONLY = ("this unified tensor is read-only (from_file's default mode='r', o
 
 
 def _has_cuda():
-    from .capabilities import capabilities
-
     return capabilities().cuda
 
 
@@ -266,8 +266,6 @@ def _gather(table, index, negative_from_end=False):
 
     ``negative_from_end``: ``x[idx]`` semantics, where ``-1`` is the last row.
     """
-    from directload.kernels import gather
-
     # One read of the host view (and of the allocation, which stays referenced for the
     # whole gather): a close() on another thread cannot pull them out mid-call.
     host = table.check_backing()
@@ -541,11 +539,14 @@ def is_unified(x):
     return isinstance(x, UnifiedTensor)
 
 
+#: Maps a file as a unified tensor (``directload.files.from_file``, which builds on this module and sets
+#: this when it is imported, as ``import directload`` does).
+_open_file = None
+
+
 def _rebuild(origin, affinity, dtype, shape):
     """Unpickle in another process: map the same shared memory or file, copying nothing."""
     dtype = getattr(torch, dtype.split(".")[-1])
     if origin[0] == "file":
-        from .files import from_file
-
-        return from_file(**origin[1], affinity=affinity)
+        return _open_file(**origin[1], affinity=affinity)
     return to_unified(origin[1][:memory.nbytes_of(shape, dtype)].view(dtype).view(shape), affinity, pin="auto")

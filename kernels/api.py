@@ -17,6 +17,7 @@ from directload.capabilities import capabilities
 from .cpu import first_invalid, gather_rows
 from .host_bytes import nbytes_of
 from .host_pool import default_pool
+from .interop import cuda_array
 
 __all__ = ["gather", "gather_async", "GatherFuture", "resolve_backend", "check_devices", "check_no_overlap",
            "BACKENDS"]
@@ -409,8 +410,6 @@ def _gpu_bits(t, rows, vector):
 
 
 def _launch_gpu(name, src, index, out, aligned):
-    from .interop import cuda_array
-
     row_bytes = src.element_size() * math.prod(src.shape[1:])
     vector = aligned and vector_units(row_bytes, src.data_ptr(), out.data_ptr())
     with torch.cuda.device(index.device):

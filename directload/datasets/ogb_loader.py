@@ -19,7 +19,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from directload.files import CorruptFileError, npy_layout
+from directload.capabilities import require
+from directload.files import CorruptFileError, from_file, npy_layout
+from directload.unified import to_unified
 
 from .synthetic import META_FILE, check_name, dataset_files
 
@@ -79,8 +81,6 @@ class Dataset:
         """A DGL graph of the dataset (built once), with ``ndata["feat"]`` (the unified tensor)
         and ``ndata["label"]``.  Needs DGL."""
         if self._graph is None:
-            from directload.capabilities import require
-
             dgl = require("dgl")
             g = dgl.graph((self.edge_index[0], self.edge_index[1]), num_nodes=self.num_nodes)
             g.ndata["label"] = self.labels
@@ -91,8 +91,6 @@ class Dataset:
     def to_pyg(self):
         """A ``torch_geometric.data.Data`` with ``x`` (the unified tensor), ``y`` and ``edge_index``.
         Needs PyG."""
-        from directload.capabilities import require
-
         pyg_data = require("torch_geometric.data")
         return pyg_data.Data(x=self.feat, y=self.labels, edge_index=self.edge_index, num_nodes=self.num_nodes)
 
@@ -119,8 +117,6 @@ def _meta_info(path, name):
 def _ogb_master():
     """OGB's node-property dataset table (name -> meta information)."""
     os.environ.setdefault("OUTDATED_IGNORE", "1")  # ogb would ask the network for its latest version
-    from directload.capabilities import require
-
     ogb_nodeproppred = require("ogb.nodeproppred")
     import pandas
 
@@ -140,8 +136,6 @@ def _read_graph(path, info, quiet, *, need_feat):
         with np.load(cache) as z:
             return z["edge_index"], int(z["num_nodes"]), None, z["labels"]
     os.environ.setdefault("OUTDATED_IGNORE", "1")
-    from directload.capabilities import require
-
     read_graph_raw = require("ogb.io.read_graph_raw")
     read_binary_graph_raw, read_csv_graph_raw = read_graph_raw.read_binary_graph_raw, read_graph_raw.read_csv_graph_raw
     import pandas  # OGB's own dependency
@@ -182,8 +176,6 @@ def _save_atomically(path, arrays):
 
 
 def _read_split(path, info):
-    from directload.capabilities import require
-
     require("ogb")
     import pandas  # OGB's own dependency
 
@@ -232,8 +224,6 @@ def load(root, name, *, affinity="cuda", pin="auto", quiet=True):
     >>> ds.num_nodes, ds.num_classes, ds.feat.is_unified
     (3000, 5, True)
     """
-    import directload
-
     check_name(name)
     path = dataset_dir(root, name)
     if not (path / "raw").exists() and not (path / "processed").exists():
@@ -256,9 +246,9 @@ def load(root, name, *, affinity="cuda", pin="auto", quiet=True):
             raise SplitIndexError(f"{path}: split {part!r} names node {bad}, outside the graph's {n} nodes "
                                   f"(valid 0..{n - 1}); the split files do not belong to this graph")
     if feat_file.exists():
-        feat = directload.from_file(feat_file, affinity=affinity, pin=pin)
+        feat = from_file(feat_file, affinity=affinity, pin=pin)
     elif node_feat is not None:
-        feat = directload.to_unified(np.ascontiguousarray(node_feat), affinity, pin=pin)
+        feat = to_unified(np.ascontiguousarray(node_feat), affinity, pin=pin)
     else:
         raise FileNotFoundError(f"{path}: no node features (neither raw/{FEATURE_FILE} nor OGB's node_feat)")
     if feat.shape[0] != n:
