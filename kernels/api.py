@@ -14,6 +14,7 @@ import torch
 
 from directload.capabilities import capabilities
 
+from .carriers import CARRIERS, ELEMENT_SIZES
 from .cpu import first_invalid, gather_rows
 from .host_bytes import nbytes_of
 from .host_pool import default_pool
@@ -28,7 +29,7 @@ _GPU_BACKENDS = ("numba_cuda", "cupy")
 POOL_BYTES = 1 << 20
 # The bit-carrier dtype of each element size: the gather copies bits, so every
 # dtype of one size (fp16, bf16, int16) shares one kernel specialisation.
-_CARRIER = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_CARRIER = {size: getattr(torch, CARRIERS[size].torch) for size in ELEMENT_SIZES}
 
 
 def resolve_backend(requested, index_on_cuda, src_location, *, has_cupy, has_numba_cuda):

@@ -37,6 +37,7 @@ from numba.core import cgutils
 from numba.core.compiler_lock import global_compiler_lock
 from numba.extending import intrinsic
 
+from .carriers import CARRIERS, ELEMENT_SIZES
 from .indexing import naive_element
 
 __all__ = ["gather_rows", "first_invalid", "set_num_threads", "get_num_threads", "set_team", "team",
@@ -259,7 +260,7 @@ def _team_body(data):
         _naive_elements(src, idx, out, lo, hi)
 
 
-_NP_CARRIER = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
+_NP_CARRIER = {size: np.dtype(CARRIERS[size].numpy).type for size in ELEMENT_SIZES}
 _NP_INDEX = {4: np.int32, 8: np.int64}
 
 

@@ -1,9 +1,11 @@
 """Zero-copy views between torch, CuPy and Numba through ``__cuda_array_interface__``."""
 
+from .carriers import CARRIERS
+
 __all__ = ["CudaArrayView", "cuda_array"]
 
 # By element size; 16 is the vector-unit carrier (complex128 moves 16 bytes, no arithmetic).
-_TYPESTR = {1: "|u1", 2: "<i2", 4: "<i4", 8: "<i8", 16: "<c16"}
+_TYPESTR = {size: c.typestr for size, c in CARRIERS.items()}
 
 
 class CudaArrayView:

@@ -6,13 +6,14 @@ from dataclasses import dataclass
 
 from directload.capabilities import find_libnvrtc
 
+from .carriers import CARRIERS
 from .sources import CUDA_DIR
 
 __all__ = ["NvrtcError", "CompileResult", "find_libnvrtc", "kernel_name", "compile_gather", "ELEM_TYPES", "INDEX_TYPES"]
 
 #: C++ bit-carrier type for each element size, and C++ type per index size.
 #: Bit-carrier type by element size; 16 is the vector unit (``uint4``) of 16-byte-aligned rows.
-ELEM_TYPES = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long", 16: "uint4"}
+ELEM_TYPES = {size: c.cxx for size, c in CARRIERS.items()}
 INDEX_TYPES = {4: "int", 8: "long long"}
 
 
