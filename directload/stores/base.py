@@ -14,6 +14,7 @@ import threading
 import numpy as np
 import torch
 
+from directload.capabilities import usable_device
 from directload.unified import ClosedError
 
 __all__ = ["FeatureStore", "ReadFuture", "read_devices", "ClosedError"]
@@ -119,11 +120,16 @@ def _as_index(ids):
     elif isinstance(ids, (list, tuple, range)):
         if any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) for i in ids):
             raise TypeError("ids must be integers")
+        big = next((int(i) for i in ids if not -2 ** 63 <= int(i) < 2 ** 63), None)
+        if big is not None:
+            raise IndexError(f"row id {big} is out of range")
         t = torch.tensor(list(ids), dtype=torch.int64) if len(ids) else torch.empty(0, dtype=torch.int64)
     else:
         raise TypeError(f"ids must be a tensor, a numpy array or a list of integers, not {type(ids).__name__}")
     if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
         raise TypeError(f"ids must be integer row ids, got {t.dtype}")
+    if str(t.dtype) in ("torch.uint32", "torch.uint64"):  # torch >= 2.3: check before int64 could wrap
+        return _as_index(t.cpu().numpy()).to(t.device)
     if t.dim() != 1:
         raise ValueError(f"ids must be 1-D, got shape {tuple(t.shape)}")
     if t.dtype not in (torch.int32, torch.int64):
@@ -194,6 +200,8 @@ class FeatureStore:
         """
         self._check_open()
         index = _as_index(ids)
+        if device is not None:
+            device = usable_device(device)  # NoDeviceError for a GPU this machine does not have
         run, out_device = read_devices(index.device, device, self.location)
         self._check_bounds(index)
         if out is not None:

@@ -184,3 +184,21 @@ def test_an_interrupt_while_waiting_is_not_kept_as_the_reads_outcome():
     with pytest.raises(KeyboardInterrupt):
         future.wait()
     assert future.wait() == "rows" and future.wait() == "rows"
+
+
+def test_huge_ids_and_missing_devices_are_refused_before_any_read():
+    from directload.capabilities import NoDeviceError
+
+    store = TensorStore(torch.zeros(4, 2))
+    with pytest.raises(IndexError, match="out of range"):
+        store.read([2 ** 64])
+    with pytest.raises(IndexError, match="out of range"):
+        store.read([-(2 ** 63) - 1])
+    if not torch.cuda.is_available():
+        with pytest.raises(NoDeviceError):
+            store.read([1], device="cuda")
+    with pytest.raises(ValueError):
+        store.read([1], device="meta")
+    if hasattr(torch, "uint64"):
+        with pytest.raises(IndexError, match="out of range"):
+            store.read(torch.tensor([2 ** 63], dtype=torch.uint64))
