@@ -51,15 +51,15 @@ def _sysfs_block(fd):
 
 
 def _aligned(nbytes, align=4096):
-    """A numpy uint8 array of ``nbytes`` starting at an ``align``-byte boundary (and what keeps it alive)."""
-    raw = default_pool().empty((nbytes + align,), torch.uint8)
-    start = (-raw.data_ptr()) % align
-    return raw.numpy()[start:start + nbytes], raw
+    """A numpy uint8 array of ``nbytes`` starting at an ``align``-byte boundary (a view that keeps its base)."""
+    raw = np.empty(nbytes + align, np.uint8)
+    start = (-raw.ctypes.data) % align
+    return raw[start:start + nbytes]
 
 
 def _probe_block(fd, hint):
     """The smallest O_DIRECT read granularity that works, measured: ``hint`` (sysfs) first, doubling."""
-    buf, _keep = _aligned(_MAX_BLOCK)
+    buf = _aligned(_MAX_BLOCK)
     block = hint if hint and hint & (hint - 1) == 0 else 512
     while block <= _MAX_BLOCK:
         try:
@@ -163,7 +163,7 @@ class DiskStore(FeatureStore):
         self._stats = dict.fromkeys(("rows", "unique_rows", "requested_bytes", "bytes_read", "reads",
                                      "io_seconds", "cpu_seconds", "batches"), 0)
         self._pid = None
-        self._staging = self._staging_raw = None
+        self._staging = None
         self._open()
 
     # ---------------------------------------------------------------- shape
@@ -252,8 +252,9 @@ class DiskStore(FeatureStore):
             if os.fstat(self._fd).st_size != layout.file_bytes:
                 raise CorruptFileError(f"{self.path}: the file changed size after it was opened "
                                        f"({layout.file_bytes} -> {os.fstat(self._fd).st_size} bytes)")
-            starts = np.cumsum(lengths, dtype=np.int64) - lengths  # each read's place in one long staging run
-            total = int(starts[-1] + lengths[-1])
+            ends = np.cumsum(lengths, dtype=np.int64)  # each read's place in one long staging run
+            starts = ends - lengths
+            total = int(ends[-1])
             # Reads go in rounds through one reused staging buffer of at most staging_bytes (plus one read),
             # each round's rows copied out before the next, so a big batch needs no big second copy of itself.
             chunk = max(self._options["staging_bytes"], int(lengths.max()))
@@ -264,17 +265,15 @@ class DiskStore(FeatureStore):
             dt = cpu = 0.0
             a = 0
             while a < offsets.shape[0]:
-                b = int(np.searchsorted(starts, starts[a] + chunk, side="right"))
-                b = max(b, a + 1)
-                while b > a + 1 and starts[b - 1] + lengths[b - 1] - starts[a] > chunk:
-                    b -= 1
+                b = max(int(np.searchsorted(ends, starts[a] + chunk, side="right")), a + 1)  # reads that fit
                 dsts = (starts[a:b] - starts[a]).astype(np.uint64) + np.uint64(staging.ctypes.data)
                 t0, c0 = time.perf_counter(), time.thread_time()
                 res = self._engine.read(self._fd, offsets[a:b], lengths[a:b], dsts, needed[a:b], self.block)
                 dt, cpu = dt + time.perf_counter() - t0, cpu + time.thread_time() - c0
                 bad = np.flatnonzero(res < 0)
                 if bad.size:
-                    self._raise(a + bad[0], np.concatenate([np.zeros(a, np.int64), res]), offsets, lengths)
+                    k = a + bad[0]
+                    self._raise(int(-res[bad[0]]), int(offsets[k]), int(lengths[k]))
                 lo, hi = np.searchsorted(row_read, [a, b])
                 disk_io.copy_rows_range(staging, row_pos - starts[a], inverse, out_bytes, rnb, lo, hi)
                 a = b
@@ -298,15 +297,12 @@ class DiskStore(FeatureStore):
     def _staging_buffer(self, nbytes):
         """The store's staging buffer, aligned for O_DIRECT, grown (never shrunk) to ``nbytes``."""
         if self._staging is None or self._staging.nbytes < nbytes:
-            self._staging = None
-            raw = np.empty(nbytes + 4096, np.uint8)
-            start = (-raw.ctypes.data) % 4096
-            self._staging, self._staging_raw = raw[start:start + nbytes], raw
+            self._staging = None  # the old buffer goes before the new one is allocated
+            self._staging = _aligned(nbytes)
         return self._staging
 
-    def _raise(self, k, res, offsets, lengths):
-        code = int(-res[k])
-        where = f"{self.path}: read of {int(lengths[k])} bytes at offset {int(offsets[k])}"
+    def _raise(self, code, offset, length):
+        where = f"{self.path}: read of {length} bytes at offset {offset}"
         if code == disk_io._ENODATA:
             raise CorruptFileError(f"{where} hit the end of the file: it shrank after it was opened")
         raise OSError(code, f"{where} failed after {self._options['retries']} retries: {os.strerror(code)}",

@@ -234,7 +234,7 @@ def write_disk_store(src, path, *, overwrite=False, progress=True, chunk_bytes=C
     path.parent.mkdir(parents=True, exist_ok=True)
     header = _header(array.dtype, array.shape)
     rows = array.reshape(array.shape[0], int(np.prod(array.shape[1:], dtype=np.int64)))
-    row_nbytes = rows.shape[1] * array.dtype.itemsize if rows.ndim == 2 else 0
+    row_nbytes = rows.shape[1] * array.dtype.itemsize
     data_bytes = int(array.size) * array.dtype.itemsize
     chunks = []
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
@@ -243,19 +243,22 @@ def write_disk_store(src, path, *, overwrite=False, progress=True, chunk_bytes=C
                                             desc=f"writing {path.name}") as bar:
             f.write(header)
             step = max(1, chunk_bytes // max(row_nbytes, 1))
-            carry = b""
+            crc = filled = 0  # the checksum of the chunk being filled, and its bytes so far
             for start in range(0, rows.shape[0], step):
-                block = np.ascontiguousarray(rows[start:start + step]).view(np.uint8).reshape(-1)
-                f.write(memoryview(block))
+                block = memoryview(np.ascontiguousarray(rows[start:start + step]).view(np.uint8).reshape(-1))
+                f.write(block)
                 # checksums over fixed chunk_bytes pieces of the data, whatever the row size
-                data = carry + block.tobytes() if carry else block.tobytes()
-                whole = len(data) // chunk_bytes * chunk_bytes
-                for i in range(0, whole, chunk_bytes):
-                    chunks.append(crc32c.crc32c(data[i:i + chunk_bytes]))
-                carry = data[whole:]
-                bar.update(block.nbytes)
-            if carry:
-                chunks.append(crc32c.crc32c(carry))
+                pos = 0
+                while pos < len(block):
+                    take = min(chunk_bytes - filled, len(block) - pos)
+                    crc = crc32c.crc32c(block[pos:pos + take], crc)
+                    pos, filled = pos + take, filled + take
+                    if filled == chunk_bytes:
+                        chunks.append(crc)
+                        crc = filled = 0
+                bar.update(len(block))
+            if filled:
+                chunks.append(crc)
             f.flush()
             os.fsync(f.fileno())
             size = f.tell()

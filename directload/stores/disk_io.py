@@ -21,6 +21,7 @@ file ended early (it shrank after it was opened).
 
 import ctypes
 import errno
+import functools
 import os
 import threading
 import time
@@ -255,8 +256,9 @@ def _make_uring_run(f):
     return run
 
 
+@functools.cache
 def uring_available():
-    """Whether the ``liburing`` package loads and the kernel lets this process set up a ring."""
+    """Whether the ``liburing`` package loads and the kernel lets this process set up a ring (probed once)."""
     f = _uring()
     if not f:
         return False

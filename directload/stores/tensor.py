@@ -4,6 +4,7 @@ import numpy as np
 import torch
 
 from directload.kernels import gather_async
+from directload.kernels.carriers import ELEMENT_SIZES
 from directload.unified import is_unified
 
 from .base import FeatureStore, ReadFuture
@@ -13,7 +14,7 @@ __all__ = ["TensorStore"]
 
 def _gatherable(t):
     """Whether directload's kernels take ``t`` as a table (else torch's ``index_select`` reads it)."""
-    return (t.dim() >= 1 and t.is_contiguous() and not t.requires_grad and t.element_size() in (1, 2, 4, 8)
+    return (t.dim() >= 1 and t.is_contiguous() and not t.requires_grad and t.element_size() in ELEMENT_SIZES
             and not t.is_complex() and t.device.type in ("cpu", "cuda"))
 
 
@@ -76,6 +77,7 @@ class TensorStore(FeatureStore):
         if direct is not None or (out is None and run_device == out_device):
             return ReadFuture(future.wait, done=done)
         return ReadFuture(lambda: _deliver(future.wait(), out, out_device), done=done)
+
 
 def _deliver(rows, out, device):
     """``rows`` on ``device``, written into ``out`` when given."""

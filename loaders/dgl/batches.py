@@ -25,10 +25,10 @@ from dgl.storages import wrap_storage  # noqa: E402
 from dgl.utils import recursive_apply, recursive_apply_pair  # noqa: E402
 
 from directload.kernels import gather, gather_async  # noqa: E402
+from directload.kernels.carriers import ELEMENT_SIZES  # noqa: E402
 
 __all__ = ["FeatureSource", "start_batch", "finish_batch", "input_ids", "announce", "can_gather"]
 
-_ELEMENT_SIZES = (1, 2, 4, 8)
 
 
 def can_gather(table, ids, device):
@@ -42,7 +42,7 @@ def can_gather(table, ids, device):
     unified = getattr(table, "is_unified", False)
     if not isinstance(table, torch.Tensor) or not (unified or type(table) is torch.Tensor):
         return False
-    if table.requires_grad or table.dim() == 0 or table.element_size() not in _ELEMENT_SIZES:
+    if table.requires_grad or table.dim() == 0 or table.element_size() not in ELEMENT_SIZES:
         return False
     if not unified and not table.is_contiguous():
         return False

@@ -5,10 +5,9 @@ from torch_geometric.data import FeatureStore as _PygFeatureStore
 from torch_geometric.data import TensorAttr
 
 from directload.kernels import gather, gather_async
+from directload.kernels.carriers import ELEMENT_SIZES
 
 __all__ = ["FeatureStore"]
-
-_ELEMENT_SIZES = (1, 2, 4, 8)
 
 
 def _key(attr):
@@ -156,4 +155,4 @@ class FeatureStore(_PygFeatureStore):
 def _gatherable(table):
     """Whether directload's kernels take ``table`` (else torch's ``index_select`` serves it)."""
     return (type(table) is torch.Tensor and not table.requires_grad and table.dim() >= 1
-            and table.element_size() in _ELEMENT_SIZES and table.is_contiguous())
+            and table.element_size() in ELEMENT_SIZES and table.is_contiguous())

@@ -8,6 +8,7 @@ from torch_geometric.data import Data, HeteroData
 from torch_geometric.loader import NeighborLoader as _PygNeighborLoader
 
 import directload
+from directload.kernels.carriers import ELEMENT_SIZES
 
 from ..pipeline import Epoch, Pipeline, resolve_overlap, resolve_sampling
 from .feature_store import FeatureStore
@@ -19,7 +20,7 @@ __all__ = ["NeighborLoader", "stores_from", "unified_data"]
 def _unify(value, affinity):
     """``value`` as a unified tensor sharing its memory, when it is a table directload can gather."""
     if (type(value) is torch.Tensor and value.device.type == "cpu" and value.dim() >= 1 and value.is_contiguous()
-            and not value.requires_grad and value.element_size() in (1, 2, 4, 8)):
+            and not value.requires_grad and value.element_size() in ELEMENT_SIZES):
         return directload.to_unified(value, affinity, pin="auto")
     return value
 
