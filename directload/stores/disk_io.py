@@ -288,6 +288,7 @@ class UringEngine:
         self.queue_depth, self.retries = int(queue_depth), int(retries)
         self._f = f
         self._rings = []
+        self._pool = None  # set before any ring, so a failed setup closes cleanly
         for _ in range(rings):
             ring = ctypes.create_string_buffer(_RING_BYTES)
             rc = f["queue_init"](self.queue_depth, ctypes.addressof(ring), 0)

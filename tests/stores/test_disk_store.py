@@ -313,3 +313,10 @@ def test_reads_longer_than_a_32_bit_count_are_refused(tmp_path):
     path = write_disk_store(torch.zeros(4, 2), tmp_path / "f.npy", progress=False)
     with pytest.raises(ValueError, match="max_read"):
         DiskStore(path, max_read=2 << 30)
+
+
+def test_a_ring_the_kernel_refuses_raises_os_error():
+    if "io_uring" not in ENGINES:
+        pytest.skip("io_uring is not available here")
+    with pytest.raises(OSError, match="io_uring_queue_init"):
+        disk_io.UringEngine(queue_depth=1 << 20)  # more entries than the kernel gives one ring
