@@ -2,6 +2,7 @@
 
 import atexit
 import functools
+import importlib
 import math
 import os
 import threading
@@ -14,14 +15,15 @@ import torch
 
 from directload.capabilities import capabilities
 
+from . import cpu
 from .carriers import CARRIERS, ELEMENT_SIZES
-from .cpu import first_invalid, gather_rows
+from .cpu import first_invalid
+from .devices import memory_of, read_devices
 from .host_bytes import nbytes_of
 from .host_pool import default_pool
-from .interop import cuda_array
 
 __all__ = ["gather", "gather_async", "GatherFuture", "resolve_backend", "check_devices", "check_no_overlap",
-           "BACKENDS"]
+           "launcher", "BACKENDS"]
 
 BACKENDS = ("auto", "cpu", "numba_cuda", "cupy")
 _GPU_BACKENDS = ("numba_cuda", "cupy")
@@ -30,6 +32,16 @@ POOL_BYTES = 1 << 20
 # The bit-carrier dtype of each element size: the gather copies bits, so every
 # dtype of one size (fp16, bf16, int16) shares one kernel specialisation.
 _CARRIER = {size: getattr(torch, CARRIERS[size].torch) for size in ELEMENT_SIZES}
+# Every backend module exports ``launch(src, index, out, *, aligned, stream) -> int`` (see
+# kernels.cpu.launch); the GPU ones import Numba CUDA or CuPy, so they load on first use.
+_BACKEND_MODULES = {"cpu": ".cpu", "numba_cuda": ".numba_cuda", "cupy": ".cupy_backend"}
+
+
+def launcher(name):
+    """The ``launch`` function of backend ``name`` (``"cpu"``, ``"numba_cuda"`` or ``"cupy"``)."""
+    if name == "cpu":
+        return cpu.launch
+    return importlib.import_module(_BACKEND_MODULES[name], __package__).launch
 
 
 def resolve_backend(requested, index_on_cuda, src_location, *, has_cupy, has_numba_cuda):
@@ -60,16 +72,18 @@ def resolve_backend(requested, index_on_cuda, src_location, *, has_cupy, has_num
     """
     if requested not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {requested!r}")
-    if not index_on_cuda:
-        if src_location == "cuda":
+    index_device = "cuda" if index_on_cuda else "cpu"
+    run, out = read_devices(index_device, None, "cuda" if src_location == "cuda" else src_location)
+    if run.type != out.type:  # the rows would need a copy, which a gather never makes silently
+        if out.type == "cpu":
             raise ValueError("src is in CUDA memory but the index is on the CPU: pass a CUDA index "
                              "(a CPU index runs the CPU kernel, which cannot read device memory)")
+        raise ValueError("src is pageable host memory, which a GPU kernel cannot read: make it a "
+                         "unified tensor (directload.to_unified) or pin it, or pass a CPU index")
+    if run.type == "cpu":
         if requested in _GPU_BACKENDS:
             raise ValueError(f"backend {requested!r} needs a CUDA index; a CPU index runs the 'cpu' backend")
         return "cpu"
-    if src_location == "host":
-        raise ValueError("src is pageable host memory, which a GPU kernel cannot read: make it a "
-                         "unified tensor (directload.to_unified) or pin it, or pass a CPU index")
     if requested == "cpu":
         raise ValueError("backend 'cpu' needs a CPU index; a CUDA index runs a GPU kernel")
     if requested == "auto":
@@ -82,13 +96,9 @@ def resolve_backend(requested, index_on_cuda, src_location, *, has_cupy, has_num
 
 
 def _src_location(src):
-    if getattr(src, "is_unified", False):
-        return "mapped"
-    if src.is_cuda:
-        return "cuda"
-    if torch.cuda.is_available() and src.is_pinned():  # pinned + UVA means mapped
-        return "mapped"
-    return "host"
+    """``memory_of(src)`` in resolve_backend's words: "host", "mapped" or "cuda"."""
+    memory = memory_of(src)
+    return memory if isinstance(memory, str) else "cuda"
 
 
 def _check_index(index, n_rows, *, cpu_bounds=True):
@@ -193,20 +203,17 @@ def check_no_overlap(out, src, index):
 class GatherFuture:
     """A gather in flight.  :meth:`wait` gives the output tensor.
 
-    A CPU gather runs inside ``wait()``, on the caller's thread, unless it was
-    started with ``background=True``, in which case a worker thread runs it
-    (and ``wait()`` blocks until it is done).  Running it elsewhere by default
-    cost more than it saved: a second thread that launches the parallel kernel
-    gets an OpenMP team of its own, whose spinning threads slowed the training
-    steps around it by 3-5% (measured on 2 cores).  A GPU gather is launched at
-    once; ``wait()`` makes the caller's current CUDA stream wait for it (no host
-    block), so the tensor is safe to use in stream order.
+    A CPU gather has already run when :func:`gather_async` returns (on the
+    caller's thread and its OpenMP team: the CPU has no queue to put it on),
+    unless it was started with ``background=True``, in which case a worker
+    thread runs it and ``wait()`` blocks until it is done.  A GPU gather is
+    launched at once; ``wait()`` makes the caller's current CUDA stream wait
+    for it (no host block), so the tensor is safe to use in stream order.
     """
 
     _result: object
     _out: torch.Tensor
     _event: object = None
-    _work: object = None
 
     def wait(self):
         """Finish the gather and return its output tensor."""
@@ -214,9 +221,6 @@ class GatherFuture:
             torch.cuda.current_stream(self._out.device).wait_event(self._event)
         elif self._result is not None:
             self._result.result()  # re-raises the worker's exception, traceback intact
-        elif self._work is not None:
-            work, self._work = self._work, None
-            work()
         return self._out
 
     def done(self):
@@ -225,7 +229,7 @@ class GatherFuture:
             return self._event.query()
         if self._result is not None:
             return self._result.done()
-        return self._work is None
+        return True
 
 
 _pool = None
@@ -256,7 +260,7 @@ _views = {}
 
 
 def _host_bits(t):
-    """``(bits, address)``: ``_bits(t)`` as a numpy array and its data address, cached per
+    """``(bits, address)``: ``_bits(t)`` (a carrier-dtype view) and its data address, cached per
     tensor object, since tables and ``out=`` buffers recur.
 
     Only for tensors already checked as CPU ``src`` or ``out``.  The entry goes
@@ -265,7 +269,7 @@ def _host_bits(t):
     hit = _cached_bits(t)
     if hit is None:
         ident = id(t)
-        hit = (_bits(t.detach(), t.shape[0]).numpy(), t.data_ptr())
+        hit = (_bits(t.detach(), t.shape[0]), t.data_ptr())
         _views[ident] = (weakref.ref(t, lambda _: _views.pop(ident, None)), t.shape, t.dtype, hit)
     return hit
 
@@ -327,13 +331,13 @@ def _new_cpu_out(shape, dtype):
 
 def _fresh_bits(t):
     """``(bits, address)`` of a tensor made for this call: nothing to cache."""
-    return _bits(t, t.shape[0]).numpy(), t.data_ptr()
+    return _bits(t, t.shape[0]), t.data_ptr()
 
 
 def _cpu_kernel(src_hit, index, out, out_hit, aligned):
     """Run the CPU kernel over ``(bits, address)`` views; ``IndexError`` (nothing written) if out of range."""
-    (src_bits, src_addr), (out_bits, out_addr) = src_hit, out_hit
-    bad = gather_rows(src_bits, index, out_bits, aligned=aligned, addresses=(src_addr, index.data_ptr(), out_addr))
+    src_bits = src_hit[0]
+    bad = cpu.launch(src_bits, index, out_hit[0], aligned=aligned)
     if bad >= 0:
         raise _range_error(int(index[bad]), src_bits.shape[0], bad)
     return out
@@ -372,20 +376,28 @@ def _run_cpu(src, index, out, aligned, fresh_out):
 def gather_async(src, index, *, out=None, backend="auto", aligned=True, background=False):
     """Start ``out[i] = src[index[i]]`` and return a :class:`GatherFuture`.
 
-    Same arguments, checks and memory contract as :func:`gather`; every check
-    runs before this returns, so a bad input raises here, not in ``wait()``.
-    A GPU gather is launched at once.  A CPU gather runs in ``wait()``, or at
-    once on a worker thread with ``background=True`` (see :class:`GatherFuture`).
+    Same arguments, checks and memory contract as :func:`gather`, which is
+    exactly ``gather_async(...).wait()``.  Every check runs before this
+    returns, so a bad input raises here, not in ``wait()``.  A GPU gather is
+    launched at once; a CPU gather runs at once on the caller's thread, or on a
+    worker thread with ``background=True`` (see :class:`GatherFuture`).
     """
+    if not background and backend in ("auto", "cpu"):
+        done = _gather_cpu_fast(src, index, out, aligned)
+        if done is not None:
+            return GatherFuture(None, done)
     fresh = out is None
-    name, index, out = _plan(src, index, out, backend, cpu_bounds=True)
-    if out.numel() == 0:  # the index was range-checked in _plan
+    # Run now, the CPU kernel checks the index range itself before it writes: one pass over the index.
+    name, index, out = _plan(src, index, out, backend, cpu_bounds=background)
+    if out.numel() == 0:
+        if not background and not index.is_cuda and index.numel():  # zero-width rows: the ids must still exist
+            _check_index(index, src.shape[0])
         return GatherFuture(None, out)
     if name == "cpu":
         work = functools.partial(_run_cpu, src, index, out, aligned, fresh)
         if background:
             return GatherFuture(_cpu_pool().submit(work), out)
-        return GatherFuture(None, out, _work=work)
+        return GatherFuture(None, work())
     return _launch_gpu(name, src, index, out, aligned)
 
 
@@ -415,22 +427,8 @@ def _launch_gpu(name, src, index, out, aligned):
     vector = aligned and vector_units(row_bytes, src.data_ptr(), out.data_ptr())
     with torch.cuda.device(index.device):
         stream = torch.cuda.current_stream()
-        s = cuda_array(_gpu_bits(src, src.shape[0], vector))
-        o = _gpu_bits(out, out.shape[0], vector)
-        if name == "cupy":
-            import cupy
-
-            from .cupy_backend import gather_rows
-
-            gather_rows(cupy.asarray(s), cupy.asarray(index), cupy.asarray(o), aligned=aligned,
-                        stream_ptr=stream.cuda_stream)
-        else:
-            from numba import cuda
-
-            from .numba_cuda import gather_rows
-
-            gather_rows(cuda.as_cuda_array(s), cuda.as_cuda_array(index), cuda.as_cuda_array(o),
-                        aligned=aligned, stream=cuda.external_stream(stream.cuda_stream))
+        launcher(name)(_gpu_bits(src, src.shape[0], vector), index, _gpu_bits(out, out.shape[0], vector),
+                       aligned=aligned, stream=stream.cuda_stream)
         event = torch.cuda.Event()
         event.record(stream)
     return GatherFuture(None, out, event)
@@ -503,17 +501,4 @@ def gather(src, index, *, out=None, backend="auto", aligned=True):
             [ 0.,  1.,  2.],
             [ 9., 10., 11.]])
     """
-    if backend == "auto" or backend == "cpu":
-        done = _gather_cpu_fast(src, index, out, aligned)
-        if done is not None:
-            return done
-    fresh = out is None
-    # The CPU kernel checks the index range itself, before it writes: one pass over the index.
-    name, index, out = _plan(src, index, out, backend, cpu_bounds=False)
-    if out.numel() == 0:
-        if not index.is_cuda and index.numel():  # zero-width rows: nothing to copy, but the ids must exist
-            _check_index(index, src.shape[0])
-        return out
-    if name == "cpu":
-        return _run_cpu(src, index, out, aligned, fresh)
-    return _launch_gpu(name, src, index, out, aligned).wait()
+    return gather_async(src, index, out=out, backend=backend, aligned=aligned).wait()

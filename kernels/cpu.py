@@ -40,7 +40,7 @@ from numba.extending import intrinsic
 from .carriers import CARRIERS, ELEMENT_SIZES
 from .indexing import naive_element
 
-__all__ = ["gather_rows", "first_invalid", "set_num_threads", "get_num_threads", "set_team", "team",
+__all__ = ["launch", "first_invalid", "set_num_threads", "get_num_threads", "set_team", "team",
            "SERIAL_BYTES", "PREFETCH_ROWS", "PREFETCH_LINES", "MEMCPY_BYTES"]
 
 _naive = njit(inline="always")(naive_element)
@@ -385,23 +385,27 @@ def set_num_threads(n):
 
 # ---------------------------------------------------------------- entry point
 
-def gather_rows(src, idx, out, *, aligned=True, addresses=None):
-    """``out[i] = src[idx[i]]`` after checking every index; parallel from ``SERIAL_BYTES`` on.
+def launch(src, index, out, *, aligned=True, stream=0):
+    """The backends' shared launch: ``out[i] = src[index[i]]``, after checking every index.
+
+    ``cpu``, ``numba_cuda`` and ``cupy`` each export ``launch`` with this one
+    signature, and :mod:`directload.kernels.api` calls whichever the gather's
+    placement picked.
 
     Parameters
     ----------
-    src : numpy.ndarray
+    src : torch.Tensor or numpy.ndarray
         ``[rows, row_elems]`` C-contiguous, a 1/2/4/8-byte integer bit-carrier dtype.
-    idx : numpy.ndarray or torch.Tensor
+    index : torch.Tensor or numpy.ndarray
         1-D contiguous int32/int64 on the CPU.
-    out : numpy.ndarray
-        ``[len(idx), row_elems]``, same dtype as ``src``; written in full, or not
-        at all when an index is out of range.
+    out : torch.Tensor or numpy.ndarray
+        ``[len(index), row_elems]``, ``src``'s dtype; written in full, or not at
+        all when an index is out of range.
     aligned : bool
         Whole rows per worker (the aligned kernels' partition), or one work item
         per output element (the naive kernels' flat mapping).
-    addresses : tuple of int, optional
-        ``(src, idx, out)`` data addresses, when the caller already has them.
+    stream : int
+        Unused here: a CPU gather runs now, on the caller's thread and its team.
 
     Returns
     -------
@@ -414,29 +418,55 @@ def gather_rows(src, idx, out, *, aligned=True, addresses=None):
     >>> import numpy as np
     >>> src = np.arange(6, dtype=np.uint32).reshape(3, 2)
     >>> out = np.empty((2, 2), np.uint32)
-    >>> gather_rows(src, np.array([2, 0]), out)
+    >>> launch(src, np.array([2, 0]), out)
     -1
     >>> out.tolist()
     [[4, 5], [0, 1]]
-    >>> gather_rows(src, np.array([0, 3]), out)
+    >>> launch(src, np.array([0, 3]), out)
     1
     """
-    n = idx.shape[0]
+    if type(out) is np.ndarray:
+        return _launch_arrays(src, index, out, aligned)
+    threads = get_num_threads() if out.numel() * out.element_size() >= SERIAL_BYTES else 1
+    if team() != "torch":
+        return _KERNELS[bool(aligned), threads > 1](src.numpy(), _numpy(index), out.numpy(), threads)
+    if not (src.is_contiguous() and out.is_contiguous()):
+        raise ValueError("the CPU kernel's tensors must be C-contiguous")
+    index = torch.from_numpy(np.ascontiguousarray(index)) if type(index) is np.ndarray else index.contiguous()
+    return _run_team(_team_kernel(bool(aligned), src.element_size(), index.element_size()), threads,
+                     src.data_ptr(), src.shape[0], src.shape[1], index.data_ptr(), index.shape[0], out.data_ptr())
+
+
+def _launch_arrays(src, index, out, aligned):
+    """:func:`launch` over numpy arrays."""
     threads = get_num_threads() if out.nbytes >= SERIAL_BYTES else 1
-    if threads > 1 and team() == "torch":
-        if addresses is None:  # a direct call: the team body reads raw C-contiguous memory
-            if not (src.flags.c_contiguous and out.flags.c_contiguous):
-                raise ValueError("src and out must be C-contiguous")
-            idx = idx.contiguous() if isinstance(idx, torch.Tensor) else np.ascontiguousarray(idx)
-            idx_addr = idx.data_ptr() if isinstance(idx, torch.Tensor) else idx.ctypes.data
-            addresses = (src.ctypes.data, idx_addr, out.ctypes.data)
-        index_size = idx.element_size() if isinstance(idx, torch.Tensor) else idx.itemsize
-        body = _team_kernel(bool(aligned), src.itemsize, index_size)
-        omp = _torch_openmp()
-        block, block_addr = omp.block(threads)
-        _LAUNCH.pack_into(block, 0, addresses[0], src.shape[0], src.shape[1], addresses[1], n, addresses[2])
+    if team() != "torch":
+        return _KERNELS[bool(aligned), threads > 1](src, _numpy(index), out, threads)
+    if not (src.flags.c_contiguous and out.flags.c_contiguous):
+        raise ValueError("the CPU kernel's arrays must be C-contiguous")
+    index = index.contiguous() if isinstance(index, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(index))
+    return _run_team(_team_kernel(bool(aligned), src.itemsize, index.element_size()), threads, src.ctypes.data,
+                     src.shape[0], src.shape[1], index.data_ptr(), index.shape[0], out.ctypes.data)
+
+
+def _run_team(body, threads, *launch_args):
+    """The team body over one argument block: on torch's team, or right here when serial (outside
+    a parallel region the runtime's thread number is 0 of 1 and its barrier returns at once)."""
+    omp = _torch_openmp()
+    block, block_addr = omp.block(threads)
+    _LAUNCH.pack_into(block, 0, *launch_args)
+    if threads > 1:
         omp.parallel(body, block_addr, threads, 0)
-        return block[_RESULT]
-    if isinstance(idx, torch.Tensor):
-        idx = idx.numpy()
-    return _KERNELS[bool(aligned), threads > 1](src, idx, out, threads)
+    else:
+        _serial(body)(block_addr)
+    return block[_RESULT]
+
+
+@functools.cache
+def _serial(body):
+    """A ctypes caller of a compiled team body, for a run on the caller's thread alone."""
+    return ctypes.CFUNCTYPE(None, ctypes.c_void_p)(body)
+
+
+def _numpy(a):
+    return a if isinstance(a, np.ndarray) else a.numpy()

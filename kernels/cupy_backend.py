@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 
 from .indexing import BLOCK, WARP, launch_grid
+from .interop import cuda_array
 from .nvrtc import compile_gather, kernel_name
 from .sources import CUDA_DIR, cache_dir
 
-__all__ = ["kernel", "gather_rows"]
+__all__ = ["launch", "kernel", "gather_rows"]
 
 _NULL = np.uint64(0)  # trace pointers: off
 
@@ -72,3 +73,17 @@ def gather_rows(src, idx, out, *, aligned=True, stream_ptr=0, grid=None, block=B
     blocks = grid or launch_grid(work, block)
     with cupy.cuda.ExternalStream(stream_ptr):
         fn((blocks,), (block,), (src, idx, out, cupy.int64(idx.shape[0]), cupy.int64(row_elems), _NULL, _NULL))
+
+
+def launch(src, index, out, *, aligned=True, stream=0):
+    """The backends' shared launch (see ``kernels.cpu.launch``) on CuPy: ``out[i] = src[index[i]]``.
+
+    Same operands as ``kernels.numba_cuda.launch``: torch tensors, ``src`` in
+    device or GPU-mapped host memory, ``index`` range-checked, ``stream`` a
+    ``cudaStream_t``.  Returns -1.
+    """
+    import cupy
+
+    gather_rows(cupy.asarray(cuda_array(src)), cupy.asarray(index), cupy.asarray(out), aligned=aligned,
+                stream_ptr=stream)
+    return -1

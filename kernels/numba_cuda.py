@@ -9,8 +9,9 @@ from numba.extending import register_jitable
 from numba.np.numpy_support import from_dtype
 
 from .indexing import BLOCK, LINE, WARP, aligned_geometry, aligned_span, launch_grid, naive_element
+from .interop import cuda_array
 
-__all__ = ["gather_rows", "compile_ptx", "kernel_signature", "array_address"]
+__all__ = ["launch", "gather_rows", "compile_ptx", "kernel_signature", "array_address"]
 
 
 def _load_numpy_support():
@@ -145,6 +146,20 @@ def gather_rows(src, idx, out, *, aligned=True, grid=None, block=BLOCK, stream=0
         blocks = grid or launch_grid(n_out, block)
         _gather_naive[blocks, block, stream](src, idx, out, row_elems, trace_tid, trace_step)
     return (trace_tid, trace_step) if trace else None
+
+
+def launch(src, index, out, *, aligned=True, stream=0):
+    """The backends' shared launch (see ``kernels.cpu.launch``) on Numba CUDA: ``out[i] = src[index[i]]``.
+
+    ``src`` is a torch tensor in device memory or pinned, GPU-mapped host
+    memory (``[rows, row_elems]`` of a bit carrier, or complex128 for 16-byte
+    units), ``index`` and ``out`` CUDA tensors; ``index`` is already
+    range-checked.  ``stream`` is a ``cudaStream_t``; nothing synchronises.
+    Returns -1 (a GPU launch has nothing to flag).
+    """
+    gather_rows(cuda.as_cuda_array(cuda_array(src)), cuda.as_cuda_array(index), cuda.as_cuda_array(out),
+                aligned=aligned, stream=cuda.external_stream(stream) if stream else 0)
+    return -1
 
 
 def kernel_signature(aligned, elem_dtype, index_dtype):

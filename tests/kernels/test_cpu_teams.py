@@ -188,11 +188,11 @@ def test_team_from_the_environment(monkeypatch):
         cpu.set_team(before)
 
 
-def test_gather_rows_direct_call_with_strided_numpy_index(team, rng):
+def test_launch_direct_call_with_strided_numpy_index(team, rng):
     src = rng.integers(0, 1 << 30, (5000, 64)).astype(np.int32)
     idx = rng.integers(0, 5000, 2 * 4096)[::2]  # strided view
     out = np.full((idx.shape[0], 64), 7, np.int32)
-    assert cpu.gather_rows(src, idx, out) == -1
+    assert cpu.launch(src, idx, out) == -1
     assert (out == src[idx]).all()
 
 
@@ -204,7 +204,7 @@ def test_torch_team_direct_call_refuses_strided_output(rng):
         src = rng.integers(0, 1 << 30, (5000, 64)).astype(np.int32)
         out = np.empty((64, 4096), np.int32).T
         with pytest.raises(ValueError, match="C-contiguous"):
-            cpu.gather_rows(src, np.zeros(4096, np.int64), out)
+            cpu.launch(src, np.zeros(4096, np.int64), out)
     finally:
         cpu.set_team(before)
 

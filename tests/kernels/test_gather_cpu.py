@@ -58,14 +58,31 @@ def test_every_row_start_offset_in_a_line(offset_bytes, rng):
 def test_async_ladder(rng):
     src = random_table(rng, 100, 33, torch.float32)
     idx = torch.from_numpy(rng.integers(0, 100, 500))
-    fut = gather_async(src, idx)
+    out = torch.full((500, 33), float("nan"))
+    fut = gather_async(src, idx, out=out)
     assert isinstance(fut, GatherFuture)
-    assert not fut.done()  # a CPU gather runs in wait(), on this thread
+    assert fut.done() and torch.equal(out, src[idx])  # a CPU gather has run on this thread when this returns
     got = fut.wait()
-    assert fut.done() and fut.wait() is got
-    assert torch.equal(got, src[idx])
+    assert got is out and fut.done() and fut.wait() is got
     fut = gather_async(src, idx, background=True)  # on the worker thread, at once
     assert torch.equal(fut.wait(), src[idx]) and fut.done()
+
+
+def test_gather_is_gather_async_wait(monkeypatch, rng):
+    """gather() has no path of its own: it is gather_async(...).wait(), fast path included."""
+    from directload.kernels import api
+
+    src = random_table(rng, 100, 33, torch.float32)
+    idx = torch.from_numpy(rng.integers(0, 100, 500))
+    gather(src, idx)  # the table is now cached: the fast path serves the next calls
+    calls = []
+    real = api.gather_async
+    monkeypatch.setattr(api, "gather_async", lambda *a, **k: calls.append((a, k)) or real(*a, **k))
+    out = torch.empty(500, 33)
+    assert api.gather(src, idx, out=out, aligned=False) is out and torch.equal(out, src[idx])
+    assert len(calls) == 1 and calls[0][1] == {"out": out, "backend": "auto", "aligned": False}
+    with pytest.raises(IndexError, match="out of range"):  # the fast path's kernel check raises in gather_async
+        real(src, torch.tensor([0, 100]))
 
 
 def test_bad_input_raises_in_gather_async_not_in_wait():
