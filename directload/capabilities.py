@@ -6,7 +6,8 @@ import glob
 import os
 from dataclasses import asdict, dataclass
 
-__all__ = ["Capabilities", "capabilities", "usable_device", "NoDeviceError", "require"]
+__all__ = ["Capabilities", "capabilities", "usable_device", "NoDeviceError", "require", "io_uring_usable",
+           "liburing_functions"]
 
 
 @dataclass(frozen=True)
@@ -119,18 +120,51 @@ def _numba_cuda(cudasim):
     return getattr(cuda, "implementation", "Built-in")
 
 
-def _io_uring():
+@functools.cache
+def liburing_functions():
+    """liburing's C functions from the ``liburing`` package's own library, typed for ctypes and
+    Numba; ``{}`` where the package is missing.  The disk store's read loop calls them."""
     try:
         import liburing
     except ImportError:
+        return {}
+    lib = ctypes.CDLL(liburing.liburing.__file__)
+    u64, i32, u32 = ctypes.c_uint64, ctypes.c_int, ctypes.c_uint
+
+    def fn(name, res, *args):
+        f = getattr(lib, name)
+        f.restype, f.argtypes = res, list(args)
+        return f
+
+    return {
+        "queue_init": fn("io_uring_queue_init", i32, u32, u64, u32),
+        "queue_exit": fn("io_uring_queue_exit", None, u64),
+        "dontfork": fn("io_uring_ring_dontfork", i32, u64),
+        "get_sqe": fn("io_uring_get_sqe", u64, u64),
+        "prep_read": fn("io_uring_prep_read", None, u64, i32, u64, u32, u64),
+        "set_data": fn("io_uring_sqe_set_data64", None, u64, u64),
+        "submit_and_wait": fn("io_uring_submit_and_wait", i32, u64, u32),
+        "peek_batch": fn("io_uring_peek_batch_cqe", u32, u64, u64, u32),
+        "cq_advance": fn("io_uring_cq_advance", None, u64, u32),
+        "get_data": fn("io_uring_cqe_get_data64", u64, u64),
+    }
+
+
+#: Bytes of a ``struct io_uring`` buffer: it is ~220 bytes; room for future liburing versions.
+RING_BYTES = 4096
+
+
+@functools.cache
+def io_uring_usable():
+    """Whether liburing loads and the kernel lets this process set up a ring (probed once, with
+    the same C functions the disk store reads through)."""
+    f = liburing_functions()
+    if not f:
         return False
-    ring = liburing.Ring()
-    try:
-        if liburing.io_uring_queue_init(8, ring) < 0:
-            return False
-    except OSError:  # EPERM/ENOSYS when the kernel forbids io_uring
+    ring = ctypes.create_string_buffer(RING_BYTES)
+    if f["queue_init"](4, ctypes.addressof(ring), 0) < 0:  # -EPERM/-ENOSYS where the kernel forbids it
         return False
-    liburing.io_uring_queue_exit(ring)
+    f["queue_exit"](ctypes.addressof(ring))
     return True
 
 
@@ -154,7 +188,7 @@ def capabilities():
     """
     cudasim = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
     cuda, count, name = _cuda()
-    uring = _io_uring()
+    uring = io_uring_usable()
     return Capabilities(
         cuda=cuda,
         device_count=count,

@@ -29,6 +29,8 @@ No rule copies the table: GPU computation reads it in place over PCIe.
 import numpy as np
 import torch
 
+from directload.kernels.devices import MAPPED, read_devices
+
 __all__ = ["AFFINITIES", "describe", "place", "compute_device", "index_device", "INDEX_FUNCS", "WRITE_FUNCS",
            "METADATA_FUNCS", "HOST_FUNCS", "REFUSED_FUNCS", "write_target", "mutated_operands"]
 
@@ -89,6 +91,10 @@ def compute_device(operands, *, has_cuda):
 def index_device(table, index, *, has_cuda):
     """The device a gather of ``table[index]`` runs on (rules 1-2).  Pure.
 
+    Rule 1's "affinity ``cuda``" asks for a GPU result; where the gather then
+    runs is :func:`directload.kernels.devices.read_devices`' call, as for every
+    gather and store.
+
     Examples
     --------
     >>> import torch
@@ -97,11 +103,9 @@ def index_device(table, index, *, has_cuda):
     >>> index_device(T(), torch.tensor([1]), has_cuda=False)
     device(type='cpu')
     """
-    if isinstance(index, torch.Tensor) and index.is_cuda:
-        return index.device
-    if table.affinity == "cuda" and has_cuda:
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    on_cuda = isinstance(index, torch.Tensor) and index.is_cuda
+    wanted = "cuda" if not on_cuda and table.affinity == "cuda" and has_cuda else None
+    return read_devices(index.device if on_cuda else "cpu", wanted, MAPPED)[0]
 
 
 def _int_index(key):

@@ -15,43 +15,10 @@ import numpy as np
 import torch
 
 from directload.capabilities import usable_device
+from directload.kernels.devices import HOST, read_devices
 from directload.unified import ClosedError
 
 __all__ = ["FeatureStore", "ReadFuture", "read_devices", "ClosedError"]
-
-
-def read_devices(index_device, requested, store_device):
-    """Where a read runs and where its result lives: ``(run_device, out_device)``.
-
-    The one rule every store follows.  The result lives on ``requested`` when
-    given, else on the index's device.  The read runs on the GPU when the result
-    is on a GPU, or when the store itself lives in GPU memory (its rows are
-    gathered there, then copied out); otherwise on the CPU.
-
-    Parameters
-    ----------
-    index_device, requested, store_device : torch.device or None
-        ``store_device`` is where the rows live: ``cpu`` for host memory (plain,
-        pinned or unified) and files, ``cuda:N`` for GPU memory.
-
-    Examples
-    --------
-    >>> cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
-    >>> read_devices(cpu, None, cpu)
-    (device(type='cpu'), device(type='cpu'))
-    >>> read_devices(cpu, gpu, cpu)
-    (device(type='cuda', index=0), device(type='cuda', index=0))
-    >>> read_devices(gpu, cpu, gpu)
-    (device(type='cuda', index=0), device(type='cpu'))
-    """
-    out = torch.device(requested) if requested is not None else torch.device(index_device)
-    if out.type == "cuda" and out.index is None:
-        out = torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
-    if out.type not in ("cpu", "cuda"):
-        raise ValueError(f"feature stores read to the CPU or a CUDA device, not {out}")
-    store = torch.device(store_device)
-    run = out if out.type == "cuda" else (store if store.type == "cuda" else torch.device("cpu"))
-    return run, out
 
 
 class ReadFuture:
@@ -143,8 +110,13 @@ class FeatureStore:
     Memory contract
     ---------------
     * **Where the result lives.**  On ``device`` when given, else on the
-      index's device (see :func:`read_devices`): a CPU index gives a CPU
-      tensor and a CUDA index a tensor on that GPU, whatever the store holds.
+      index's device: a CPU index gives a CPU tensor and a CUDA index a tensor
+      on that GPU, whatever the store holds.  Where the read runs follows from
+      that and from the store's :attr:`memory`, by the one rule every gather
+      follows (:func:`directload.kernels.devices.read_devices`): rows in GPU
+      memory are gathered on that GPU, mapped host rows zero-copy by the GPU
+      that wants them, pageable host rows (and a file's staging buffer) by the
+      CPU, then copied to a GPU result.
     * **``out``.**  Optional; ``[len(ids), *row_shape]``, the store's dtype,
       contiguous, on the result device.  The read writes into it and returns
       it.  Do not touch it until :meth:`ReadFuture.wait` has returned; after
@@ -160,8 +132,10 @@ class FeatureStore:
       errors raise from ``wait()``.
     """
 
-    #: ``torch.device`` where the rows live (``cpu`` for host memory and files).
-    location = torch.device("cpu")
+    #: What holds the rows, as :func:`directload.kernels.devices.memory_of` says it: ``"host"``
+    #: (pageable memory, and files read through a host staging buffer), ``"mapped"`` (pinned,
+    #: GPU-mapped host memory) or the ``torch.device`` of the GPU memory that holds them.
+    memory = HOST
 
     def __init__(self):
         self._closed = False
@@ -202,7 +176,7 @@ class FeatureStore:
         index = _as_index(ids)
         if device is not None:
             device = usable_device(device)  # NoDeviceError for a GPU this machine does not have
-        run, out_device = read_devices(index.device, device, self.location)
+        run, out_device = read_devices(index.device, device, self.memory)
         self._check_bounds(index)
         if out is not None:
             self._check_out(out, len(index), out_device)
@@ -260,7 +234,7 @@ class FeatureStore:
     def _check_bounds(self, index):
         if not index.numel():
             return
-        lo, hi = int(index.min()), int(index.max())
+        lo, hi = (int(v) for v in torch.aminmax(index))  # one pass (and one sync on a GPU)
         if lo < 0 or hi >= self.num_rows:
             bad = lo if lo < 0 else hi
             raise IndexError(f"row id {bad} is out of range for a store of {self.num_rows} rows "

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from directload import memory
 from directload.files import CorruptFileError
 from directload.kernels.host_pool import default_pool
 
@@ -50,7 +51,10 @@ def _sysfs_block(fd):
     return None
 
 
-def _aligned(nbytes, align=4096):
+_ALIGN = 4096  # O_DIRECT buffers start on a page (a multiple of every block size probed)
+
+
+def _aligned(nbytes, align=_ALIGN):
     """A numpy uint8 array of ``nbytes`` starting at an ``align``-byte boundary (a view that keeps its base)."""
     raw = np.empty(nbytes + align, np.uint8)
     start = (-raw.ctypes.data) % align
@@ -111,7 +115,10 @@ class DiskStore(FeatureStore):
     staging_bytes : int
         Size of the store's one staging buffer (default 64 MiB): a batch
         whose reads need more is read in rounds, each copied out before the
-        next, so memory stays bounded whatever the batch size.
+        next, so memory stays bounded whatever the batch size.  Where CUDA
+        runs, the buffer is pinned host memory from directload's pinned pool
+        (``directload.memory``), so the GPU can read it; elsewhere it is
+        ordinary memory.
 
     Memory contract
     ---------------
@@ -295,10 +302,13 @@ class DiskStore(FeatureStore):
         return host if device.type == "cpu" else host.to(device, non_blocking=False)
 
     def _staging_buffer(self, nbytes):
-        """The store's staging buffer, aligned for O_DIRECT, grown (never shrunk) to ``nbytes``."""
+        """The store's staging buffer, aligned for O_DIRECT, grown (never shrunk) to ``nbytes``;
+        pinned (from the pinned pool) where CUDA runs, else ordinary memory."""
         if self._staging is None or self._staging.nbytes < nbytes:
             self._staging = None  # the old buffer goes before the new one is allocated
-            self._staging = _aligned(nbytes)
+            raw = memory.host_array(memory.allocate(nbytes + _ALIGN, pin="auto"))
+            start = (-raw.ctypes.data) % _ALIGN
+            self._staging = raw[start:start + nbytes]
         return self._staging
 
     def _raise(self, code, offset, length):

@@ -21,7 +21,6 @@ file ended early (it shrank after it was opened).
 
 import ctypes
 import errno
-import functools
 import os
 import threading
 import time
@@ -30,6 +29,8 @@ from concurrent.futures import ThreadPoolExecutor, wait
 import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
+
+from directload.capabilities import RING_BYTES, io_uring_usable, liburing_functions
 
 __all__ = ["plan_reads", "copy_rows", "copy_rows_range", "UringEngine", "PreadEngine", "uring_available", "FAULTS"]
 
@@ -152,34 +153,6 @@ def _complete(i, r, block, faults, cur_off, cur_dst, cur_len, left, attempts, re
     return 0, top + 1
 
 
-def _liburing():
-    """liburing's C functions, from the ``liburing`` package's own library (None if unavailable)."""
-    try:
-        import liburing
-    except ImportError:
-        return None
-    lib = ctypes.CDLL(liburing.liburing.__file__)
-    u64, i32, u32 = ctypes.c_uint64, ctypes.c_int, ctypes.c_uint
-
-    def fn(name, res, *args):
-        f = getattr(lib, name)
-        f.restype, f.argtypes = res, list(args)
-        return f
-
-    return {
-        "queue_init": fn("io_uring_queue_init", i32, u32, u64, u32),
-        "queue_exit": fn("io_uring_queue_exit", None, u64),
-        "dontfork": fn("io_uring_ring_dontfork", i32, u64),
-        "get_sqe": fn("io_uring_get_sqe", u64, u64),
-        "prep_read": fn("io_uring_prep_read", None, u64, i32, u64, u32, u64),
-        "set_data": fn("io_uring_sqe_set_data64", None, u64, u64),
-        "submit_and_wait": fn("io_uring_submit_and_wait", i32, u64, u32),
-        "peek_batch": fn("io_uring_peek_batch_cqe", u32, u64, u64, u32),
-        "cq_advance": fn("io_uring_cq_advance", None, u64, u32),
-        "get_data": fn("io_uring_cqe_get_data64", u64, u64),
-    }
-
-
 _URING = None
 _URING_LOCK = threading.Lock()
 _RUN = None
@@ -189,7 +162,7 @@ def _uring():
     global _URING, _RUN
     with _URING_LOCK:
         if _URING is None:
-            _URING = _liburing() or {}
+            _URING = liburing_functions()
             if _URING:
                 _RUN = _make_uring_run(_URING)
         return _URING
@@ -256,20 +229,8 @@ def _make_uring_run(f):
     return run
 
 
-@functools.cache
-def uring_available():
-    """Whether the ``liburing`` package loads and the kernel lets this process set up a ring (probed once)."""
-    f = _uring()
-    if not f:
-        return False
-    ring = ctypes.create_string_buffer(_RING_BYTES)
-    if f["queue_init"](4, ctypes.addressof(ring), 0) < 0:
-        return False
-    f["queue_exit"](ctypes.addressof(ring))
-    return True
-
-
-_RING_BYTES = 4096  # struct io_uring is ~220 bytes; room for future liburing versions
+#: Whether io_uring can be used here: the one probe, in ``directload.capabilities``.
+uring_available = io_uring_usable
 
 
 class UringEngine:
@@ -290,7 +251,7 @@ class UringEngine:
         self._rings = []
         self._pool = None  # set before any ring, so a failed setup closes cleanly
         for _ in range(rings):
-            ring = ctypes.create_string_buffer(_RING_BYTES)
+            ring = ctypes.create_string_buffer(RING_BYTES)
             rc = f["queue_init"](self.queue_depth, ctypes.addressof(ring), 0)
             if rc < 0:
                 self.close()

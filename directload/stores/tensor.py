@@ -5,6 +5,7 @@ import torch
 
 from directload.kernels import gather_async
 from directload.kernels.carriers import ELEMENT_SIZES
+from directload.kernels.devices import memory_of
 from directload.unified import is_unified
 
 from .base import FeatureStore, ReadFuture
@@ -49,7 +50,10 @@ class TensorStore(FeatureStore):
         if table.dim() < 1:
             raise ValueError("a feature table needs at least one dimension (the row)")
         self.table = table
-        self.location = table.device if table.is_cuda and not is_unified(table) else torch.device("cpu")
+
+    @property
+    def memory(self):
+        return memory_of(self.table)
 
     @property
     def num_rows(self):
@@ -73,10 +77,11 @@ class TensorStore(FeatureStore):
             rows = table.index_select(0, index.to(table.device).long())
             return ReadFuture(result=_deliver(rows, out, out_device))
         future = gather_async(table, index, out=direct)
-        done = future.done if run_device.type == "cuda" else None  # a CPU gather runs in wait() (or done())
+        if run_device.type == "cpu":  # a CPU gather has run when gather_async returns
+            return ReadFuture(result=_deliver(future.wait(), out, out_device))
         if direct is not None or (out is None and run_device == out_device):
-            return ReadFuture(future.wait, done=done)
-        return ReadFuture(lambda: _deliver(future.wait(), out, out_device), done=done)
+            return ReadFuture(future.wait, done=future.done)
+        return ReadFuture(lambda: _deliver(future.wait(), out, out_device), done=future.done)
 
 
 def _deliver(rows, out, device):

@@ -24,8 +24,8 @@ from dgl.heterograph import DGLGraph  # noqa: E402
 from dgl.storages import wrap_storage  # noqa: E402
 from dgl.utils import recursive_apply, recursive_apply_pair  # noqa: E402
 
-from directload.kernels import gather, gather_async  # noqa: E402
 from directload.kernels.carriers import ELEMENT_SIZES  # noqa: E402
+from directload.stores import FeatureStore, TensorStore  # noqa: E402
 
 __all__ = ["FeatureSource", "start_batch", "finish_batch", "input_ids", "announce", "can_gather"]
 
@@ -54,43 +54,17 @@ def can_gather(table, ids, device):
     return True
 
 
-class _Gathered:
-    """The result of a fetch that is still running; DGL's code waits with ``wait()``."""
-
-    __slots__ = ("wait",)
-
-    def __init__(self, wait):
-        self.wait = wait
-
-
-class _TableStorage:
-    """A DGL-style storage (``fetch(ids, device, pin_memory)``) that gathers with directload's kernels."""
-
-    def __init__(self, table):
-        self.table = table
-
-    def fetch(self, ids, device, pin_memory=False, **kwargs):
-        table = self.table
-        if getattr(table, "is_unified", False):
-            # The plain host view: same bytes, pinned where the unified tensor is, and no
-            # __torch_function__ dispatch on every metadata query of the gather's checks.
-            table = table.check_backing()
-        if device.type == "cuda" and (table.is_cuda or table.is_pinned()):
-            return _Gathered(gather_async(table, ids.to(device, non_blocking=True)).wait)
-        rows = gather(table, ids.cpu())  # complete on return
-        if device.type == "cuda":
-            return rows.to(device, non_blocking=True)
-        return rows
-
-
 class _StoreStorage:
-    """A directload store (``gather(ids, device)``, optionally ``prefetch(ids)``) as a DGL-style storage."""
+    """A directload :class:`~directload.stores.FeatureStore` as a DGL-style storage
+    (``fetch(ids, device, pin_memory)``): the read starts now, DGL's code waits with ``wait()``."""
+
+    __slots__ = ("store",)
 
     def __init__(self, store):
         self.store = store
 
     def fetch(self, ids, device, pin_memory=False, **kwargs):
-        return self.store.gather(ids, device)
+        return self.store.read_async(ids, device=device)
 
 
 class FeatureSource:
@@ -102,8 +76,14 @@ class FeatureSource:
         For its graph, device, ``pin_prefetcher`` and ``other_storages``.
     features : dict, optional
         ``{name: table}`` (``{name: {ntype: table}}`` on a heterogeneous graph)
-        overriding the graph's node data; a table is a tensor or a store with
-        ``gather(ids, device)`` (and optionally ``prefetch(ids)``).
+        overriding the graph's node data; a table is a tensor or a
+        :class:`directload.stores.FeatureStore`.
+
+    Every node field directload serves reaches the loader as a FeatureStore:
+    a tensor (given here or in the graph's node data) is wrapped in a
+    :class:`~directload.stores.TensorStore` at every batch, so writes to it in
+    place and reassignment (``g.ndata["h"] = y``) are seen by the next batch,
+    as DGL sees them.
     """
 
     def __init__(self, loader, features=None):
@@ -112,6 +92,9 @@ class FeatureSource:
         self.loader = loader
         self.graph = loader.graph
         self.features = dict(features or {})
+        for name, given in self.features.items():
+            for table in (given.values() if isinstance(given, Mapping) else [given]):
+                _check_table(name, table)
 
     def table(self, key, ntype):
         """The table behind node field ``key`` of ``ntype`` now: ``features=``, else the graph's."""
@@ -128,10 +111,10 @@ class FeatureSource:
 
     def node_storage(self, key, ntype, ids):
         table = self.table(key, ntype)
-        if not isinstance(table, torch.Tensor) and hasattr(table, "gather"):
+        if isinstance(table, FeatureStore):
             return _StoreStorage(table)
         if can_gather(table, ids, self.loader.device):
-            return _TableStorage(table)
+            return _StoreStorage(TensorStore(table))  # wrapped per batch: the table as it is now
         if key in self.features:
             return wrap_storage(table)
         return self.graph.get_node_storage(key, ntype)  # DGL's own fetch
@@ -140,12 +123,20 @@ class FeatureSource:
         return self.graph.get_edge_storage(key, etype)
 
     def prefetchers(self, key, ntype):
-        """The store behind a node field if it takes ``prefetch(ids)`` hints, else None."""
+        """The FeatureStore behind a node field (it takes ``prefetch(ids)`` hints), else None."""
         try:
             table = self.table(key, ntype)
         except KeyError:
             return None
-        return table if not isinstance(table, torch.Tensor) and hasattr(table, "prefetch") else None
+        return table if isinstance(table, FeatureStore) else None
+
+
+def _check_table(name, table):
+    if isinstance(table, (torch.Tensor, FeatureStore)):
+        return
+    if hasattr(table, "gather") or hasattr(table, "read"):
+        raise TypeError(f"features[{name!r}] is a {type(table).__name__}: a feature table is a tensor or a "
+                        "directload.stores.FeatureStore (subclass it, or wrap the rows in a TensorStore)")
 
 
 class _Pending:

@@ -4,8 +4,9 @@ import torch
 from torch_geometric.data import FeatureStore as _PygFeatureStore
 from torch_geometric.data import TensorAttr
 
-from directload.kernels import gather, gather_async
 from directload.kernels.carriers import ELEMENT_SIZES
+from directload.stores import FeatureStore as _Store
+from directload.stores import TensorStore
 
 __all__ = ["FeatureStore"]
 
@@ -15,15 +16,18 @@ def _key(attr):
 
 
 def _is_store(table):
-    return not isinstance(table, torch.Tensor) and hasattr(table, "gather")
+    return isinstance(table, _Store)
 
 
 class FeatureStore(_PygFeatureStore):
     """Node features for PyG's loaders, gathered by directload's kernels.
 
     A table is a :func:`directload.to_unified` tensor (zero-copy GPU gathers
-    from pinned host memory), any other tensor, or a directload store (an
-    object with ``gather(ids, device)`` and optionally ``prefetch(ids)``).
+    from pinned host memory), any other tensor or array, or a
+    :class:`directload.stores.FeatureStore` (a ``DiskStore``, a cache).
+    Every read goes through a store: a tensor is wrapped in a
+    :class:`~directload.stores.TensorStore` at each read, so the table as it
+    is then is read.
     ``NeighborLoader`` calls :meth:`multi_get_tensor` once per batch with
     every node attribute; this store starts every gather before it waits for
     any.
@@ -77,6 +81,9 @@ class FeatureStore(_PygFeatureStore):
             if isinstance(tensor, torch.Tensor) and tensor.dim() == 0:
                 raise ValueError(f"{key}: a feature table needs at least one dimension (rows)")
             if not isinstance(tensor, torch.Tensor) and not _is_store(tensor):
+                if hasattr(tensor, "gather") or hasattr(tensor, "read"):
+                    raise TypeError(f"{key}: a {type(tensor).__name__} is not a table; put a tensor, an array or "
+                                    "a directload.stores.FeatureStore (subclass it, or wrap rows in a TensorStore)")
                 tensor = torch.as_tensor(tensor)
             self._tables[key] = tensor
             return True
@@ -116,7 +123,7 @@ class FeatureStore(_PygFeatureStore):
     def prefetch(self, ids, group_name=None):
         """Tell the stores behind ``group_name``'s attributes which rows come next (a hint)."""
         for (group, _), table in self._tables.items():
-            if group == group_name and hasattr(table, "prefetch") and not isinstance(table, torch.Tensor):
+            if group == group_name and _is_store(table):
                 table.prefetch(ids)
 
     def _start(self, attr):
@@ -130,22 +137,14 @@ class FeatureStore(_PygFeatureStore):
         if isinstance(table, torch.Tensor) and table.is_cuda and self.device is None:
             device = table.device  # as PyG does: the index goes where the table is
         if _is_store(table):
-            out = table.gather(index, device)
-            return lambda: out
+            return table.read_async(index, device=device).wait
         if index.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"index must be int32 or int64 node ids, got {index.dtype}")
-        unified = getattr(table, "is_unified", False)
-        host = table.check_backing() if unified else table
+        host = table.check_backing() if getattr(table, "is_unified", False) else table
         if not _gatherable(host):
             rows = torch.index_select(table, 0, index.to(table.device))  # what PyG would do
             return lambda: rows.to(device)
-        if device.type == "cuda" and (host.is_cuda or host.is_pinned()):
-            fut = gather_async(host, index.to(device, non_blocking=True))
-            return fut.wait
-        rows = gather(host, index.cpu())
-        if device.type == "cuda":
-            return lambda: rows.to(device, non_blocking=True)
-        return lambda: rows
+        return TensorStore(table).read_async(index, device=device).wait
 
     def __repr__(self):
         names = ", ".join(f"{g}/{n}{tuple(t.shape)}" for (g, n), t in self._tables.items())

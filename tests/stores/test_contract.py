@@ -11,22 +11,31 @@ from directload.stores import ClosedError, FeatureStore, ReadFuture, TensorStore
 CPU, GPU0, GPU1 = torch.device("cpu"), torch.device("cuda", 0), torch.device("cuda", 1)
 
 
-@pytest.mark.parametrize("index_dev, requested, store_dev, want", [
-    (CPU, None, CPU, (CPU, CPU)),          # host table, CPU ids: the CPU kernel, a CPU result
-    (CPU, GPU0, CPU, (GPU0, GPU0)),        # asked for a GPU result: zero-copy from host memory
-    (GPU0, None, CPU, (GPU0, GPU0)),       # ids on a GPU: the result follows them
-    (GPU0, CPU, CPU, (CPU, CPU)),          # asked for a CPU result from a host table
-    (CPU, None, GPU1, (GPU1, CPU)),        # a table in GPU memory is read there, then copied out
+@pytest.mark.parametrize("index_dev, requested, memory, want", [
+    (CPU, None, "host", (CPU, CPU)),          # host table, CPU ids: the CPU kernel, a CPU result
+    (CPU, None, "mapped", (CPU, CPU)),
+    (CPU, GPU0, "mapped", (GPU0, GPU0)),      # asked for a GPU result: zero-copy from mapped host memory
+    (CPU, GPU0, "host", (CPU, GPU0)),         # pageable rows: no GPU can read them, the CPU gathers, then a copy
+    (GPU0, None, "host", (CPU, GPU0)),
+    (GPU0, None, "mapped", (GPU0, GPU0)),     # ids on a GPU: the result follows them
+    (GPU0, CPU, "mapped", (CPU, CPU)),        # asked for a CPU result from a host table
+    (CPU, None, GPU1, (GPU1, CPU)),           # a table in GPU memory is read there, then copied out
     (GPU1, None, GPU1, (GPU1, GPU1)),
-    (CPU, "cuda:1", CPU, (GPU1, GPU1)),
+    (GPU0, None, GPU1, (GPU1, GPU0)),
+    (CPU, "cuda:1", "mapped", (GPU1, GPU1)),
 ])
-def test_one_pure_rule_decides_where_a_read_runs_and_where_its_result_lives(index_dev, requested, store_dev, want):
-    assert read_devices(index_dev, requested, store_dev) == want
+def test_one_pure_rule_decides_where_a_read_runs_and_where_its_result_lives(index_dev, requested, memory, want):
+    assert read_devices(index_dev, requested, memory) == want
 
 
-def test_results_on_anything_but_the_cpu_or_a_gpu_are_refused():
-    with pytest.raises(ValueError, match="CPU or a CUDA device"):
-        read_devices(CPU, "meta", CPU)
+def test_what_holds_a_table_is_said_one_way():
+    from directload.kernels.devices import memory_of
+
+    assert memory_of(torch.zeros(3), has_cuda=False) == "host"
+    assert memory_of(directload.to_unified(torch.zeros(3)), has_cuda=False) == "mapped"
+    assert TensorStore(torch.zeros(3)).memory == "host" and directload.stores.DiskStore.memory == "host"
+    with pytest.raises(ValueError, match="'host', 'mapped' or a CUDA device"):
+        read_devices(CPU, None, CPU)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

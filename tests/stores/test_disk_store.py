@@ -1,5 +1,6 @@
 """DiskStore: bit-exact rows from disk through io_uring or pread, errors with where they happened, no hangs."""
 
+import ctypes
 import errno
 import multiprocessing
 import os
@@ -10,6 +11,7 @@ import pytest
 import torch
 from conftest import ROW_ELEMS, bits, random_table, within
 
+from directload import memory
 from directload.files import CorruptFileError
 from directload.stores import ClosedError, DirectIOWarning, DiskStore, disk_io, io_path, write_disk_store
 
@@ -320,3 +322,35 @@ def test_a_ring_the_kernel_refuses_raises_os_error():
         pytest.skip("io_uring is not available here")
     with pytest.raises(OSError, match="io_uring_queue_init"):
         disk_io.UringEngine(queue_depth=1 << 20)  # more entries than the kernel gives one ring
+
+
+def test_the_staging_buffer_comes_from_the_pinned_pool_where_cuda_runs(tmp_path, rng, engine):
+    """With a CUDA host runtime (here libc's malloc standing in for cudaHostAlloc), reads land in
+    pinned, page-aligned staging from directload's pool, and come back bit-identical."""
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+
+    class Pinned(memory.HostRuntime):
+        def __init__(self):
+            self.allocs = []
+
+        def host_alloc(self, nbytes):
+            ptr = libc.malloc(nbytes)
+            self.allocs.append((ptr, nbytes))
+            return ptr
+
+        def free_host(self, ptr):
+            libc.free(ptr)
+
+    table = random_table(rng, 3000, 100, torch.float32)
+    rt = Pinned()
+    with memory.use_runtime(rt), _store(tmp_path, table, engine=engine, staging_bytes=1 << 20) as store:
+        ids = torch.from_numpy(rng.integers(0, 3000, 2500))
+        assert torch.equal(store.read(ids), table[ids])
+        staging = store._staging
+        assert staging.ctypes.data % 4096 == 0
+        assert any(p <= staging.ctypes.data and staging.ctypes.data + staging.nbytes <= p + n for p, n in rt.allocs)
+    plain = DiskStore(tmp_path / "feat.npy", engine=engine)  # no CUDA runtime: ordinary memory
+    with plain:
+        assert torch.equal(plain.read(ids), table[ids]) and plain._staging.ctypes.data % 4096 == 0

@@ -13,6 +13,7 @@ from dgl.utils import set_num_threads
 
 import directload
 from directload.loaders import DataLoader, resolve_sampling
+from directload.stores import TensorStore
 
 
 @pytest.fixture
@@ -114,15 +115,12 @@ def test_heterogeneous_graph_one_table_per_type(rng):
             assert torch.equal(a_blocks[0].srcnodes[ntype].data["feat"], b_blocks[0].srcnodes[ntype].data["feat"])
 
 
-class _Store:
-    """A feature store with the loader's hooks: gather(ids, device) and prefetch(ids)."""
+class _Store(TensorStore):
+    """A feature store that records the loader's prefetch(ids) hints."""
 
     def __init__(self, table):
-        self.table = table
+        super().__init__(table)
         self.prefetched = []
-
-    def gather(self, ids, device):
-        return self.table[ids].to(device)
 
     def prefetch(self, ids):
         self.prefetched.append(ids.clone())
@@ -215,3 +213,39 @@ def test_resolve_sampling():
     assert resolve_sampling(None, 0) is False
     assert resolve_sampling(None, 3) is True
     assert resolve_sampling(False, 3) is False
+
+
+def test_every_node_field_is_read_through_a_feature_store(graph, monkeypatch):
+    """Tensors in g.ndata and features= reach the loader as TensorStores made at each batch (so
+    the table as it is at that batch is read); labels are read at the output nodes."""
+    reads = []
+    real = TensorStore.read_async
+
+    def spy(self, ids, **kw):
+        reads.append((self.table, ids.clone()))
+        return real(self, ids, **kw)
+
+    monkeypatch.setattr(TensorStore, "read_async", spy)
+    graph.ndata["label"] = torch.arange(graph.num_nodes())
+    other = torch.randn(graph.num_nodes(), 5)
+    sampler = dgl.dataloading.NeighborSampler([3], prefetch_node_feats=["feat"], prefetch_labels=["label"])
+    loader = DataLoader(graph, torch.arange(100), sampler, batch_size=50, features={"feat": other})
+    batches = list(loader)
+    assert len(batches) == 2 and len(reads) == 4
+    for (inputs, outputs, blocks), feat, label in zip(batches, reads[0::2], reads[1::2]):
+        assert feat[0] is other and torch.equal(feat[1], inputs)
+        assert label[0] is graph.ndata["label"] and torch.equal(label[1], outputs)
+        assert torch.equal(blocks[0].srcdata["feat"], other[inputs])
+        assert torch.equal(blocks[-1].dstdata["label"], outputs) and blocks[-1].dstdata["label"].dtype == torch.int64
+
+
+def test_a_table_that_is_not_a_tensor_or_a_feature_store_is_refused_up_front(graph):
+    class Duck:  # the old duck-typed protocol
+        def gather(self, ids, device):
+            return torch.zeros(len(ids), 3)
+
+    sampler = dgl.dataloading.NeighborSampler([3], prefetch_node_feats=["feat"])
+    with pytest.raises(TypeError, match="directload.stores.FeatureStore"):
+        DataLoader(graph, torch.arange(100), sampler, batch_size=50, features={"feat": Duck()})
+    with pytest.raises(TypeError, match="directload.stores.FeatureStore"):
+        DataLoader(graph, torch.arange(100), sampler, batch_size=50, features={"feat": {"_N": Duck()}})

@@ -8,6 +8,7 @@ from torch_geometric.data import EdgeAttr, TensorAttr
 
 import directload
 from directload.loaders.pyg import FeatureStore, GraphStore
+from directload.stores import TensorStore
 
 
 @pytest.fixture
@@ -61,7 +62,7 @@ def test_missing_group_or_attribute_raises_key_error(store):
 
 
 def test_bad_reads_raise_before_any_kernel(store):
-    with pytest.raises(IndexError, match="index 50 is out of range for 50 rows"):
+    with pytest.raises(IndexError, match="row id 50 is out of range for a store of 50 rows"):
         store.get_tensor(group_name=None, attr_name="x", index=torch.tensor([0, 50]))
     with pytest.raises(TypeError, match="int32 or int64"):
         store.get_tensor(group_name=None, attr_name="x", index=torch.tensor([0.0]))
@@ -78,12 +79,10 @@ def test_numpy_tables_become_tensors(rng):
     assert isinstance(fs.table(None, "x"), torch.Tensor) and torch.equal(got, fs.table(None, "x")[[3, 1]])
 
 
-class _Store:
+class _Store(TensorStore):
     def __init__(self, table):
-        self.table, self.prefetched, self.shape = table, [], table.shape
-
-    def gather(self, ids, device):
-        return self.table[ids].to(device)
+        super().__init__(table)
+        self.prefetched = []
 
     def prefetch(self, ids):
         self.prefetched.append(ids)
@@ -121,3 +120,29 @@ def test_graph_store_keeps_edges_with_their_sizes():
     assert gs.remove_edge_index(edge_type=None, layout="coo", size=(3, 3))
     with pytest.raises(ValueError, match="give size"):
         gs.put_edge_index((row, col), EdgeAttr(None, "coo"))
+
+
+def test_tables_are_read_through_a_tensor_store_made_at_each_read(monkeypatch):
+    reads = []
+    real = TensorStore.read_async
+    monkeypatch.setattr(TensorStore, "read_async",
+                        lambda self, ids, **kw: reads.append(self.table) or real(self, ids, **kw))
+    fs = FeatureStore()
+    fs.put_tensor(torch.arange(30.0).reshape(10, 3), group_name=None, attr_name="x", index=None)
+    table = fs.table(None, "x")
+    got = fs.get_tensor(group_name=None, attr_name="x", index=torch.tensor([9, 0]))
+    assert got.tolist() == [[27, 28, 29], [0, 1, 2]]
+    table.mul_(2)  # in place: the next read sees it
+    assert fs.get_tensor(group_name=None, attr_name="x", index=torch.tensor([9])).tolist() == [[54, 56, 58]]
+    assert len(reads) == 2 and all(t is table for t in reads)
+
+
+def test_an_object_that_is_neither_a_table_nor_a_feature_store_is_refused():
+    class Duck:
+        shape = (10, 3)
+
+        def gather(self, ids, device):
+            return torch.zeros(len(ids), 3)
+
+    with pytest.raises(TypeError, match="directload.stores.FeatureStore"):
+        FeatureStore().put_tensor(Duck(), group_name=None, attr_name="x", index=None)

@@ -10,6 +10,7 @@ from torch_geometric.nn import SAGEConv
 
 import directload
 from directload.loaders.pyg import FeatureStore, NeighborLoader, stores_from
+from directload.stores import TensorStore
 
 
 @pytest.fixture
@@ -88,12 +89,10 @@ def test_heterogeneous_graphs_get_one_table_per_node_type():
 
 
 def test_look_ahead_prefetch_hints_and_upcoming(data):
-    class Store:
+    class Store(TensorStore):
         def __init__(self, table):
-            self.table, self.shape, self.hints = table, table.shape, []
-
-        def gather(self, ids, device):
-            return self.table[ids]
+            super().__init__(table)
+            self.hints = []
 
         def prefetch(self, ids):
             self.hints.append(ids.clone())
