@@ -69,7 +69,8 @@ def read_devices(index_device, requested, memory):
         Where the caller wants the rows; ``None``: with the ids.
     memory : {"host", "mapped"} or torch.device
         What :func:`memory_of` says of the table (a file's staging buffer is
-        ``"host"``).
+        ``"host"``).  A bare ``cpu`` device counts as ``"host"``: it says
+        nothing of pinning, so the CPU reads it.
 
     Raises
     ------
@@ -94,6 +95,8 @@ def read_devices(index_device, requested, memory):
     if isinstance(memory, str) and memory in (HOST, MAPPED):
         return (out if memory == MAPPED and out.type == "cuda" else torch.device("cpu")), out
     where = _cuda(torch.device(memory))
+    if where.type == "cpu":  # a bare CPU device says nothing of pinning: read it as pageable
+        return torch.device("cpu"), out
     if where.type != "cuda":
         raise ValueError(f"memory must be 'host', 'mapped' or a CUDA device, got {memory!r}")
     return where, out

@@ -34,8 +34,9 @@ def test_what_holds_a_table_is_said_one_way():
     assert memory_of(torch.zeros(3), has_cuda=False) == "host"
     assert memory_of(directload.to_unified(torch.zeros(3)), has_cuda=False) == "mapped"
     assert TensorStore(torch.zeros(3)).memory == "host" and directload.stores.DiskStore.memory == "host"
+    assert read_devices(CPU, GPU0, CPU) == (CPU, GPU0)  # a bare CPU device: pageable, read by the CPU
     with pytest.raises(ValueError, match="'host', 'mapped' or a CUDA device"):
-        read_devices(CPU, None, CPU)
+        read_devices(CPU, None, "meta")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
