@@ -99,6 +99,14 @@ class DiskStore(FeatureStore):
     rings : int
         Rings, each driven by its own thread (default 1; a fast NVMe drive may
         want 2-4).
+    submit_batch : int
+        io_uring reads handed to the kernel per system call (default 1: each
+        read is submitted as soon as it is prepared, as fio does).  Measured on
+        this project's virtual disk at QD 64 and 512 B reads: 1 and 2 reach
+        0.96-0.97x fio's IOPS, 8 reaches 0.93x, and one submit per refill
+        (the whole queue at once) 0.84x, because a batch is plugged and
+        dispatched to the device together, which doubled the device's latency
+        per read.  Larger batches save CPU where a drive does not mind them.
     engine : {"auto", "io_uring", "pread"}
         ``auto`` takes io_uring where the ``liburing`` package loads and the
         kernel allows it, else a pread thread pool.
@@ -139,11 +147,11 @@ class DiskStore(FeatureStore):
     """
 
     def __init__(self, path, *, dtype=None, shape=None, offset=0, queue_depth=64, rings=1, engine="auto",
-                 direct="auto", merge_gap=0, max_read=128 << 10, retries=3, staging_bytes=64 << 20):
+                 direct="auto", merge_gap=0, max_read=128 << 10, retries=3, staging_bytes=64 << 20, submit_batch=1):
         super().__init__()
         for name, value, low in (("queue_depth", queue_depth, 1), ("rings", rings, 1), ("merge_gap", merge_gap, 0),
                                  ("max_read", max_read, 1), ("retries", retries, 0),
-                                 ("staging_bytes", staging_bytes, 4096)):
+                                 ("staging_bytes", staging_bytes, 4096), ("submit_batch", submit_batch, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         if queue_depth > 4096:
@@ -164,7 +172,8 @@ class DiskStore(FeatureStore):
                              "up to 1 GiB")
         self._options = dict(dtype=dtype, shape=shape, offset=offset, queue_depth=queue_depth, rings=rings,
                              engine=engine, direct=direct,
-                             merge_gap=merge_gap, max_read=max_read, retries=retries, staging_bytes=staging_bytes)
+                             merge_gap=merge_gap, max_read=max_read, retries=retries, staging_bytes=staging_bytes,
+                             submit_batch=submit_batch)
         self.engine_name = io_path(engine)
         self._lock = threading.Lock()
         self._stats = dict.fromkeys(("rows", "unique_rows", "requested_bytes", "bytes_read", "reads",
@@ -214,7 +223,7 @@ class DiskStore(FeatureStore):
         try:
             if self.engine_name == "io_uring":
                 engine = disk_io.UringEngine(self._options["queue_depth"], self._options["rings"],
-                                             self._options["retries"])
+                                             self._options["retries"], self._options["submit_batch"])
             else:
                 engine = disk_io.PreadEngine(max(4, self._options["rings"] * 4), self._options["retries"])
         except BaseException:
@@ -335,6 +344,7 @@ class DiskStore(FeatureStore):
         s.update(
             engine=self.engine_name, direct=self.direct, block=self.block,
             queue_depth=self._options["queue_depth"], rings=self._options["rings"],
+            submit_batch=self._options["submit_batch"],
             read_amplification=s["bytes_read"] / unique_bytes if unique_bytes else 0.0,
             iops=s["reads"] / s["io_seconds"] if s["io_seconds"] else 0.0,
             gb_per_s=s["bytes_read"] / s["io_seconds"] / 1e9 if s["io_seconds"] else 0.0,

@@ -174,7 +174,7 @@ def _make_uring_run(f):
                                                          f["get_data"])
 
     @njit(nogil=True)
-    def run(ring, fd, offsets, lengths, dsts, needed, qd, block, retries, faults, res, cqes):
+    def run(ring, fd, offsets, lengths, dsts, needed, qd, block, retries, faults, res, cqes, submit_batch):
         n = offsets.shape[0]
         cur_off = offsets.astype(np.int64)
         cur_dst = dsts.copy()
@@ -189,6 +189,7 @@ def _make_uring_run(f):
         status = 0
         stuck = 0
         while finished < n:
+            queued = 0
             while inflight < qd and status == 0:
                 if top > 0:
                     i = stack[top - 1]
@@ -206,6 +207,12 @@ def _make_uring_run(f):
                 prep_read(sqe, fd, np.uint64(cur_dst[i]), np.uint32(cur_len[i]), np.uint64(cur_off[i]))
                 set_data(sqe, np.uint64(i))
                 inflight += 1
+                queued += 1
+                if queued == submit_batch:  # hand these to the kernel now, not at the end of the refill
+                    queued = 0
+                    r = submit_and_wait(ring, 0)
+                    if r < 0 and r != -_EINTR and r != -_EAGAIN and r != -_EBUSY:
+                        status = r
             if inflight == 0:
                 break  # only after a submit error: nothing is left in flight
             r = submit_and_wait(ring, 1)
@@ -242,11 +249,11 @@ class UringEngine:
 
     name = "io_uring"
 
-    def __init__(self, queue_depth=64, rings=1, retries=3):
+    def __init__(self, queue_depth=64, rings=1, retries=3, submit_batch=1):
         f = _uring()
         if not f:
             raise OSError(errno.ENOSYS, "io_uring is not available (the liburing package does not load)")
-        self.queue_depth, self.retries = int(queue_depth), int(retries)
+        self.queue_depth, self.retries, self.submit_batch = int(queue_depth), int(retries), int(submit_batch)
         self._f = f
         self._rings = []
         self._pool = None  # set before any ring, so a failed setup closes cleanly
@@ -290,7 +297,7 @@ class UringEngine:
         try:
             ring, cqes = self._rings[k]
             status = _RUN(ctypes.addressof(ring), fd, offsets, lengths, dsts, needed, self.queue_depth, block,
-                          self.retries, FAULTS, res, cqes)
+                          self.retries, FAULTS, res, cqes, self.submit_batch)
             if status < 0:  # entries may be left queued in the ring: start it afresh
                 self._f["queue_exit"](ctypes.addressof(ring))
                 rc = self._f["queue_init"](self.queue_depth, ctypes.addressof(ring), 0)

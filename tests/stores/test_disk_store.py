@@ -121,6 +121,20 @@ def test_short_reads_are_completed(tmp_path, rng, engine):
         assert disk_io.FAULTS[2] < 50  # short reads did happen
 
 
+@pytest.mark.parametrize("submit_batch", [1, 3, 64, 1000])
+def test_any_submit_batch_reads_every_row_right_with_retries_and_short_reads(tmp_path, rng, submit_batch):
+    if not disk_io.uring_available():
+        pytest.skip("io_uring is not available here")
+    table = random_table(rng, 3000, 100, torch.float32)
+    with _store(tmp_path, table, engine="io_uring", submit_batch=submit_batch, queue_depth=16) as store:
+        assert store.stats()["submit_batch"] == submit_batch
+        ids = torch.from_numpy(rng.integers(0, 3000, 2000))
+        assert torch.equal(store.read(ids), table[ids])
+        disk_io.FAULTS[:] = (errno.EIO, 5, 40)  # five failed and forty short completions, all recovered
+        assert torch.equal(store.read(ids), table[ids])
+        assert disk_io.FAULTS[1] == 0 and disk_io.FAULTS[2] < 40
+
+
 def test_a_file_that_shrinks_after_open_raises_corrupt_file_error(tmp_path, rng, engine):
     table = random_table(rng, 100, 100, torch.float32)
     with _store(tmp_path, table, engine=engine) as store:
@@ -222,7 +236,7 @@ def test_the_read_path_is_chosen_and_reported(monkeypatch):
 
 
 @pytest.mark.parametrize("kw", [dict(queue_depth=0), dict(rings=True), dict(direct="yes"), dict(retries=-1),
-                                dict(queue_depth=5000), dict(max_read=1.5)])
+                                dict(queue_depth=5000), dict(max_read=1.5), dict(submit_batch=0)])
 def test_bad_options_are_refused(tmp_path, kw):
     path = write_disk_store(torch.zeros(4, 2), tmp_path / "f.npy", progress=False)
     with pytest.raises(ValueError):
