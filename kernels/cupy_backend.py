@@ -9,17 +9,17 @@ import numpy as np
 
 from .indexing import BLOCK, WARP, launch_grid
 from .interop import cuda_array
-from .nvrtc import compile_gather, kernel_name
+from .nvrtc import compile_gather, kernel_name, tiered_kernel_name
 from .sources import CUDA_DIR, cache_dir
 
-__all__ = ["launch", "kernel", "gather_rows"]
+__all__ = ["launch", "kernel", "tiered_kernel", "gather_rows", "gather_tiered_rows"]
 
 _NULL = np.uint64(0)  # trace pointers: off
 
 
 @functools.cache
 def kernel(device_id, aligned, elem_bytes, index_bytes):
-    """The compiled kernel of one specialisation on one device (memoized).
+    """The compiled row-gather kernel of one specialisation on one device (memoized).
 
     The cubin comes from our own NVRTC call (the same one CI runs offline), for
     the device's exact ``sm_XY``, cached on disk by source hash, and is loaded
@@ -29,12 +29,21 @@ def kernel(device_id, aligned, elem_bytes, index_bytes):
     -------
     cupy.RawKernel
     """
+    return _function(device_id, kernel_name(aligned, elem_bytes, index_bytes))
+
+
+@functools.cache
+def tiered_kernel(device_id, aligned, elem_bytes):
+    """The compiled tiered-gather kernel of one specialisation on one device (memoized, as :func:`kernel`)."""
+    return _function(device_id, tiered_kernel_name(aligned, elem_bytes))
+
+
+def _function(device_id, name):
     import cupy
 
     with cupy.cuda.Device(device_id) as dev:
         major, minor = dev.compute_capability[:-1], dev.compute_capability[-1]
         arch = f"sm_{major}{minor}"
-        name = kernel_name(aligned, elem_bytes, index_bytes)
         digest = hashlib.sha256((CUDA_DIR / "gather.cu").read_bytes() + name.encode() + arch.encode())
         path = cache_dir() / "cubin" / f"{digest.hexdigest()[:20]}.cubin"
         lowered_path = path.with_suffix(".name")
@@ -87,3 +96,18 @@ def launch(src, index, out, *, aligned=True, stream=0):
     gather_rows(cupy.asarray(cuda_array(src)), cupy.asarray(index), cupy.asarray(out), aligned=aligned,
                 stream_ptr=stream)
     return -1
+
+
+def gather_tiered_rows(cache, flat, where, out, *, aligned=True, stream_ptr=0, grid=None, block=BLOCK):
+    """Launch ``gather_tiered_aligned``/``gather_tiered_naive`` (see ``kernels.tiered``) on ``stream_ptr``.
+
+    ``cache`` and ``flat`` are 1-D cupy arrays of one bit-carrier dtype,
+    ``where`` 1-D int64 already checked, ``out`` ``[len(where), row_elems]``.
+    """
+    import cupy
+
+    n, row_elems = out.shape
+    fn = tiered_kernel(out.device.id, aligned, out.itemsize)
+    blocks = grid or launch_grid(n * (WARP if aligned else row_elems), block)
+    with cupy.cuda.ExternalStream(stream_ptr):
+        fn((blocks,), (block,), (cache, flat, where, out, cupy.int64(n), cupy.int64(row_elems)))

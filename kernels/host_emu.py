@@ -14,7 +14,7 @@ import numpy as np
 from .indexing import BLOCK
 from .sources import CUDA_DIR, cache_dir
 
-__all__ = ["CUDA_DIR", "EmulationError", "library", "launch", "aligned_mirror"]
+__all__ = ["CUDA_DIR", "EmulationError", "library", "launch", "launch_tiered", "aligned_mirror", "tier_row_mirror"]
 
 _SOURCES = ("gather.cu", "cuda_shim.h", "emu_launch.cpp")
 
@@ -64,6 +64,12 @@ def library():
                                   ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                   ctypes.c_longlong, ctypes.c_longlong, ctypes.c_void_p,
                                   ctypes.c_void_p]
+    lib.dl_emu_gather_tiered.restype = ctypes.c_int
+    lib.dl_emu_gather_tiered.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p,
+                                         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong,
+                                         ctypes.c_longlong]
+    lib.dl_emu_tier_row.restype = None
+    lib.dl_emu_tier_row.argtypes = [ctypes.c_longlong] * 5 + [ctypes.c_void_p]
     lib.dl_emu_aligned.restype = None
     lib.dl_emu_aligned.argtypes = [ctypes.c_longlong] * 7 + [ctypes.c_void_p]
     return lib
@@ -117,6 +123,31 @@ def launch(src, idx, out, *, aligned, grid, block=BLOCK, trace=False):
     if rc != 0:
         raise EmulationError(f"dl_emu_gather returned {rc} (element {src.itemsize} B, index {idx.itemsize} B)")
     return (tid, step) if trace else None
+
+
+def launch_tiered(cache, flat, where, out, *, aligned, grid, block=BLOCK):
+    """Run ``gather_tiered_naive``/``gather_tiered_aligned`` from gather.cu on the CPU.
+
+    ``cache`` and ``flat`` are 1-D C-contiguous arrays of one 1/2/4/8-byte
+    dtype (the aligned kernel takes each tier's line offset from its address,
+    as on a GPU), ``where`` 1-D int64 (not checked here), ``out``
+    ``[len(where), row_elems]``.
+    """
+    for name, a in (("cache", cache), ("flat", flat), ("where", where), ("out", out)):
+        if not a.flags.c_contiguous:
+            raise ValueError(f"{name} must be C-contiguous")
+    rc = library().dl_emu_gather_tiered(int(aligned), out.itemsize, grid, block, cache.ctypes.data,
+                                        flat.ctypes.data, where.ctypes.data, out.ctypes.data, where.shape[0],
+                                        out.shape[1])
+    if rc != 0:
+        raise EmulationError(f"dl_emu_gather_tiered returned {rc} (element {out.itemsize} B)")
+
+
+def tier_row_mirror(where, row_elems, elem, cache_mod, flat_mod):
+    """The C++ ``dl_tier_row`` for one input: ``(tier, first, row_addr)``."""
+    res = np.zeros(3, np.int64)
+    library().dl_emu_tier_row(where, row_elems, elem, cache_mod, flat_mod, res.ctypes.data)
+    return tuple(int(v) for v in res)
 
 
 def aligned_mirror(lane, step, row_addr, row_bytes, elem, warp, line):

@@ -13,6 +13,7 @@ __all__ = [
     "naive_element",
     "aligned_geometry",
     "aligned_span",
+    "tier_row",
     "launch_grid",
 ]
 
@@ -98,6 +99,30 @@ def aligned_span(lane, step, row_addr, row_bytes, elem, warp, base, first, last,
     if hi > row_bytes:
         hi = row_bytes
     return lo // elem, hi // elem
+
+
+def tier_row(where, row_elems, elem, cache_mod, flat_mod):
+    """Where output row ``r`` of a tiered gather comes from, given ``where[r]``.
+
+    The tiered gather reads each row from one of two tiers, both addressed as
+    flat element arrays: the cache (tier 0, rows of ``row_elems`` elements, in
+    GPU memory) and the flat tier (tier 1: mapped host memory, such as a disk
+    store's staging buffer, with rows at any element offset).  ``where >= 0``
+    is a cache slot; ``where < 0`` is the flat tier's element offset
+    ``-where - 1``.
+
+    Returns
+    -------
+    (tier, first, row_addr)
+        The tier, the row's first element in it, and the row's address relative
+        to a line-aligned origin (``cache_mod``/``flat_mod`` are the tiers'
+        addresses modulo the line), which the aligned kernel's geometry takes.
+    """
+    if where >= 0:
+        first = where * row_elems
+        return 0, first, cache_mod + first * elem
+    first = -where - 1
+    return 1, first, flat_mod + first * elem
 
 
 def launch_grid(work, block=BLOCK, max_blocks=65535):

@@ -8,10 +8,11 @@ from numba import cuda, types
 from numba.extending import register_jitable
 from numba.np.numpy_support import from_dtype
 
-from .indexing import BLOCK, LINE, WARP, aligned_geometry, aligned_span, launch_grid, naive_element
+from .indexing import BLOCK, LINE, WARP, aligned_geometry, aligned_span, launch_grid, naive_element, tier_row
 from .interop import cuda_array
 
-__all__ = ["launch", "gather_rows", "compile_ptx", "kernel_signature", "array_address"]
+__all__ = ["launch", "gather_rows", "gather_tiered_rows", "compile_ptx", "compile_tiered_ptx", "kernel_signature",
+           "array_address"]
 
 
 def _load_numpy_support():
@@ -44,6 +45,7 @@ _load_numpy_support()
 _geometry = register_jitable(aligned_geometry)
 _span = register_jitable(aligned_span)
 _naive = register_jitable(naive_element)
+_tier_row = register_jitable(tier_row)
 
 
 @cuda.jit
@@ -81,6 +83,60 @@ def _gather_aligned(src, idx, out, row_elems, elem, src_mod, trace_tid, trace_st
                 if tracing:
                     trace_tid[r * row_elems + c] = tid
                     trace_step[r * row_elems + c] = step
+
+
+@cuda.jit
+def _tiered_naive(cache, flat, where, out, row_elems):
+    tid = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    for i in range(tid, where.shape[0] * row_elems, stride):
+        r, c = _naive(i, row_elems)
+        tier, first, _ = _tier_row(where[r], row_elems, 1, 0, 0)
+        if tier == 0:
+            out[r, c] = cache[first + c]
+        else:
+            out[r, c] = flat[first + c]
+
+
+@cuda.jit
+def _tiered_aligned(cache, flat, where, out, row_elems, elem, cache_mod, flat_mod):
+    warps_per_block = cuda.blockDim.x // WARP
+    lane = cuda.threadIdx.x % WARP
+    total_warps = cuda.gridDim.x * warps_per_block
+    row_bytes = row_elems * elem
+    for r in range(cuda.blockIdx.x * warps_per_block + cuda.threadIdx.x // WARP, where.shape[0], total_warps):
+        tier, first, row_addr = _tier_row(where[r], row_elems, elem, cache_mod, flat_mod)
+        base, lo_unit, hi_unit, steps, wrap = _geometry(row_addr, row_bytes, elem, WARP, LINE)
+        for step in range(steps):
+            lo, hi = _span(lane, step, row_addr, row_bytes, elem, WARP, base, lo_unit, hi_unit, steps, wrap)
+            for c in range(lo, hi):
+                if tier == 0:
+                    out[r, c] = cache[first + c]
+                else:
+                    out[r, c] = flat[first + c]
+
+
+def gather_tiered_rows(cache, flat, where, out, *, aligned=True, grid=None, block=BLOCK, stream=0):
+    """Launch the tiered gather: ``out[r] = cache row where[r]`` or the flat tier's row at element ``-where[r]-1``.
+
+    One fused kernel over both tiers (see ``kernels.indexing.tier_row``): rows
+    of a GPU cache and rows zero-copy from mapped host memory land in one
+    output.  ``cache`` and ``flat`` are 1-D arrays of one bit-carrier dtype
+    (device and mapped memory, or anything with ``__cuda_array_interface__``),
+    ``where`` 1-D int64, already checked (``kernels.tiered.check_where``), and
+    ``out`` ``[len(where), row_elems]``.  Nothing synchronises.
+    """
+    if block % WARP:
+        raise ValueError(f"block ({block}) must be a multiple of the warp size {WARP}")
+    row_elems = out.shape[1]
+    if aligned:
+        elem = np.dtype(out.dtype).itemsize
+        blocks = grid or launch_grid(where.shape[0] * WARP, block)
+        _tiered_aligned[blocks, block, stream](cache, flat, where, out, row_elems, elem,
+                                               array_address(cache) % LINE, array_address(flat) % LINE)
+    else:
+        blocks = grid or launch_grid(where.shape[0] * row_elems, block)
+        _tiered_naive[blocks, block, stream](cache, flat, where, out, row_elems)
 
 
 def array_address(a):
@@ -181,7 +237,22 @@ def compile_ptx(aligned, elem_dtype, index_dtype, cc=(9, 0)):
         The PTX text.
     """
     kernel = _gather_aligned if aligned else _gather_naive
-    sig = kernel_signature(aligned, elem_dtype, index_dtype)
+    return _offline_ptx(kernel, kernel_signature(aligned, elem_dtype, index_dtype), cc)
+
+
+def tiered_signature(aligned, elem_dtype):
+    """Numba signature of one tiered-gather specialisation, for :func:`compile_tiered_ptx`."""
+    t = from_dtype(np.dtype(elem_dtype))
+    head = (t[::1], t[::1], types.int64[::1], t[:, ::1], types.int64)
+    return head + (types.int64, types.int64, types.int64) if aligned else head
+
+
+def compile_tiered_ptx(aligned, elem_dtype, cc=(9, 0)):
+    """PTX of one tiered-gather specialisation, compiled offline (no GPU needed)."""
+    return _offline_ptx(_tiered_aligned if aligned else _tiered_naive, tiered_signature(aligned, elem_dtype), cc)
+
+
+def _offline_ptx(kernel, sig, cc):
     # numba-cuda 0.30 compiles called device functions for the *current* device's
     # compute capability even inside compile_ptx, which needs a driver.  Offline,
     # answer that question with the requested cc instead.

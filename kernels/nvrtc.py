@@ -9,7 +9,8 @@ from directload.capabilities import find_libnvrtc
 from .carriers import CARRIERS
 from .sources import CUDA_DIR
 
-__all__ = ["NvrtcError", "CompileResult", "find_libnvrtc", "kernel_name", "compile_gather", "ELEM_TYPES", "INDEX_TYPES"]
+__all__ = ["NvrtcError", "CompileResult", "find_libnvrtc", "kernel_name", "tiered_kernel_name", "compile_gather",
+           "ELEM_TYPES", "INDEX_TYPES"]
 
 #: C++ bit-carrier type for each element size, and C++ type per index size.
 #: Bit-carrier type by element size; 16 is the vector unit (``uint4``) of 16-byte-aligned rows.
@@ -73,6 +74,11 @@ def kernel_name(aligned, elem_bytes, index_bytes):
     return f"{kind}<{ELEM_TYPES[elem_bytes]}, {INDEX_TYPES[index_bytes]}>"
 
 
+def tiered_kernel_name(aligned, elem_bytes):
+    """Template name expression of one tiered-gather specialisation, e.g. ``gather_tiered_aligned<unsigned int>``."""
+    return f"{'gather_tiered_aligned' if aligned else 'gather_tiered_naive'}<{ELEM_TYPES[elem_bytes]}>"
+
+
 def compile_gather(arch="compute_90", names=None, extra_options=()):
     """Compile gather.cu with NVRTC.
 
@@ -97,6 +103,7 @@ def compile_gather(arch="compute_90", names=None, extra_options=()):
     """
     if names is None:
         names = [kernel_name(a, e, i) for a in (False, True) for e in ELEM_TYPES for i in INDEX_TYPES]
+        names += [tiered_kernel_name(a, e) for a in (False, True) for e in ELEM_TYPES if e != 16]
     lib = _lib()
     source = (CUDA_DIR / "gather.cu").read_bytes()
     prog = ctypes.c_void_p()

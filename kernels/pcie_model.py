@@ -5,9 +5,9 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from .indexing import LINE, WARP, aligned_geometry, aligned_span, naive_element
+from .indexing import LINE, WARP, aligned_geometry, aligned_span, naive_element, tier_row
 
-__all__ = ["RequestCount", "count_requests", "row_min_lines", "paper_shift_element", "thread_map"]
+__all__ = ["RequestCount", "count_requests", "count_tiered", "row_min_lines", "paper_shift_element", "thread_map"]
 
 # The model compiles the very functions the kernels call, so a counted request is
 # one the kernel really issues.  A "warp-wide load" is one step of one warp: the
@@ -165,6 +165,38 @@ def count_requests(index, row_bytes, elem, *, kernel="aligned", src_addr=0, warp
         total = _count_flat(addrs, row_bytes // elem, elem, warp, line, kernel == "paper", per_row)
     mins = np.array([row_min_lines(a, row_bytes, line) for a in addrs], dtype=np.int64)
     return RequestCount(int(total), per_row, mins)
+
+
+def count_tiered(where, row_bytes, elem, *, cache_addr=0, flat_addr=0, warp=WARP, line=LINE):
+    """Count the read requests of the aligned tiered gather (``kernels.tiered``), per tier.
+
+    One warp per output row, as in the plain aligned gather, so each row's
+    requests depend only on its own address: the count is exact per tier.
+
+    Rows are located by ``kernels.indexing.tier_row``, the function the
+    kernels use.  Flat-tier rows are read zero-copy from mapped host memory:
+    their requests are the PCIe transactions; cache rows are device-memory
+    reads.
+
+    Returns
+    -------
+    dict
+        ``{"cache": RequestCount, "flat": RequestCount}``, each over that
+        tier's rows in output order.
+    """
+    if row_bytes <= 0 or elem <= 0 or row_bytes % elem:
+        raise ValueError(f"row_bytes ({row_bytes}) must be a positive multiple of elem ({elem})")
+    row_elems = row_bytes // elem
+    rows = [tier_row(int(w), row_elems, elem, cache_addr % line, flat_addr % line)
+            for w in np.asarray(where, np.int64).reshape(-1)]
+    out = {}
+    for tier, name in ((0, "cache"), (1, "flat")):
+        addrs = np.array([a for t, _, a in rows if t == tier], dtype=np.int64)
+        per_row = np.zeros(addrs.shape[0], np.int64)
+        total = _count_aligned(addrs, row_bytes, elem, warp, line, per_row)
+        mins = np.array([row_min_lines(a, row_bytes, line) for a in addrs], dtype=np.int64)
+        out[name] = RequestCount(int(total), per_row, mins)
+    return out
 
 
 @njit(cache=True)

@@ -55,6 +55,44 @@ extern "C" int dl_emu_gather(int aligned, int elem, int idx_bytes, unsigned grid
     return -1;
 }
 
+template <typename T>
+static void launch_tiered(int aligned, unsigned grid, unsigned block, const void* cache, const void* flat,
+                          const long long* where, void* out, long long n, long long row_elems) {
+    gridDim.x = grid;
+    blockDim.x = block;
+    for (unsigned b = 0; b < grid; ++b) {
+        blockIdx.x = b;
+        for (unsigned t = 0; t < block; ++t) {
+            threadIdx.x = t;
+            if (aligned) {
+                gather_tiered_aligned<T>((const T*)cache, (const T*)flat, where, (T*)out, n, row_elems);
+            } else {
+                gather_tiered_naive<T>((const T*)cache, (const T*)flat, where, (T*)out, n, row_elems);
+            }
+        }
+    }
+}
+
+extern "C" int dl_emu_gather_tiered(int aligned, int elem, unsigned grid, unsigned block, const void* cache,
+                                    const void* flat, const long long* where, void* out, long long n,
+                                    long long row_elems) {
+    switch (elem) {
+        case 1: launch_tiered<unsigned char>(aligned, grid, block, cache, flat, where, out, n, row_elems); return 0;
+        case 2: launch_tiered<unsigned short>(aligned, grid, block, cache, flat, where, out, n, row_elems); return 0;
+        case 4: launch_tiered<unsigned int>(aligned, grid, block, cache, flat, where, out, n, row_elems); return 0;
+        case 8: launch_tiered<unsigned long long>(aligned, grid, block, cache, flat, where, out, n, row_elems); return 0;
+    }
+    return -1;
+}
+
+extern "C" void dl_emu_tier_row(long long where, long long row_elems, long long elem, long long cache_mod,
+                                long long flat_mod, long long* result) {
+    const DlTierRow t = dl_tier_row(where, row_elems, elem, cache_mod, flat_mod);
+    result[0] = t.tier;
+    result[1] = t.first;
+    result[2] = t.row_addr;
+}
+
 extern "C" void dl_emu_aligned(long long lane, long long step, long long row_addr,
                                long long row_bytes, long long elem, long long warp,
                                long long line, long long* result) {

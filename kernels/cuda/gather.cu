@@ -119,3 +119,63 @@ __global__ void gather_aligned(const T* __restrict__ src, const I* __restrict__ 
         }
     }
 }
+
+// The tiered gather: output row r comes from the cache (where[r] >= 0: slot where[r]) or from
+// the flat tier (where[r] < 0: the row at element -where[r]-1, e.g. in mapped staging memory).
+// dl_tier_row mirrors kernels/indexing.tier_row.
+struct DlTierRow {
+    long long tier, first, row_addr;
+};
+
+__host__ __device__ __forceinline__ DlTierRow dl_tier_row(long long where, long long row_elems, long long elem,
+                                                         long long cache_mod, long long flat_mod) {
+    DlTierRow t;
+    if (where >= 0) {
+        t.tier = 0;
+        t.first = where * row_elems;
+        t.row_addr = cache_mod + t.first * elem;
+    } else {
+        t.tier = 1;
+        t.first = -where - 1;
+        t.row_addr = flat_mod + t.first * elem;
+    }
+    return t;
+}
+
+template <typename T>
+__global__ void gather_tiered_naive(const T* __restrict__ cache, const T* __restrict__ flat,
+                                    const long long* __restrict__ where, T* __restrict__ out, long long n,
+                                    long long row_elems) {
+    const long long total = n * row_elems;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long r = i / row_elems;
+        const long long c = i % row_elems;
+        const DlTierRow t = dl_tier_row(where[r], row_elems, 1, 0, 0);
+        out[i] = (t.tier == 0 ? cache : flat)[t.first + c];
+    }
+}
+
+template <typename T>
+__global__ void gather_tiered_aligned(const T* __restrict__ cache, const T* __restrict__ flat,
+                                      const long long* __restrict__ where, T* __restrict__ out, long long n,
+                                      long long row_elems) {
+    const long long elem = (long long)sizeof(T);
+    const long long row_bytes = row_elems * elem;
+    const long long cache_mod = (long long)((unsigned long long)cache % DL_LINE);
+    const long long flat_mod = (long long)((unsigned long long)flat % DL_LINE);
+    const long long warps_per_block = blockDim.x / DL_WARP;
+    const long long lane = threadIdx.x % DL_WARP;
+    const long long total_warps = (long long)gridDim.x * warps_per_block;
+    for (long long r = (long long)blockIdx.x * warps_per_block + threadIdx.x / DL_WARP; r < n; r += total_warps) {
+        const DlTierRow t = dl_tier_row(where[r], row_elems, elem, cache_mod, flat_mod);
+        const T* s = (t.tier == 0 ? cache : flat) + t.first;
+        T* o = out + r * row_elems;
+        const DlGeometry g = dl_aligned_geometry(t.row_addr, row_bytes, elem, DL_WARP, DL_LINE);
+        for (long long step = 0; step < g.steps; ++step) {
+            long long lo, hi;
+            dl_aligned_span(lane, step, t.row_addr, row_bytes, elem, DL_WARP, g, &lo, &hi);
+            for (long long c = lo; c < hi; ++c) o[c] = s[c];
+        }
+    }
+}

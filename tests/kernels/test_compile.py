@@ -8,6 +8,7 @@ import pytest
 from directload.kernels import numba_cuda, nvrtc
 
 ALL_NAMES = [nvrtc.kernel_name(a, e, i) for a in (False, True) for e in nvrtc.ELEM_TYPES for i in nvrtc.INDEX_TYPES]
+TIERED_NAMES = [nvrtc.tiered_kernel_name(a, e) for a in (False, True) for e in (1, 2, 4, 8)]
 
 
 @pytest.mark.parametrize("arch", ["compute_80", "compute_90"])
@@ -16,8 +17,8 @@ def test_nvrtc_ptx_has_every_specialisation(arch):
     ptx = res.image.decode()
     assert f".target sm_{arch[-2:]}" in ptx
     entries = set(re.findall(r"\.entry\s+(\w+)", ptx))
-    assert len(res.lowered) == len(ALL_NAMES) == 20
-    for name in ALL_NAMES:
+    assert len(res.lowered) == len(ALL_NAMES) + len(TIERED_NAMES) == 28
+    for name in ALL_NAMES + TIERED_NAMES:
         assert res.lowered[name] in entries, name
 
 
@@ -67,3 +68,10 @@ print("ok", np.__version__)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, encoding="utf-8", errors="replace",
                           timeout=300)
     assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "naive"])
+@pytest.mark.parametrize("elem_dtype", [np.uint8, np.uint16, np.uint32, np.uint64])
+def test_numba_tiered_kernels_compile_to_sm90_ptx(elem_dtype, aligned):
+    ptx = numba_cuda.compile_tiered_ptx(aligned, elem_dtype, cc=(9, 0))
+    assert ".target sm_90" in ptx and "_tiered_" in ptx

@@ -1,0 +1,173 @@
+"""The tiered gather: one output from two tiers, in one fused kernel.
+
+Each output row comes either from a cache (rows in slots, usually GPU memory)
+or from a flat tier (host memory the GPU reads zero-copy, such as a disk
+store's pinned staging buffer, where rows sit at any element offset).  One int64
+per output row says which (``kernels.indexing.tier_row``): ``where >= 0`` is a
+cache slot, ``where < 0`` the flat tier's element offset ``-where - 1``.  So a
+batch whose rows are partly cached needs one kernel, not one per tier, and a
+GPU result needs no host copy: rows go from mapped host memory straight into
+the output.
+
+The same index math runs in the Numba CUDA kernels (``numba_cuda``), the CUDA
+C kernels (``cuda/gather.cu``, through CuPy), the CPU kernel below and the
+transaction model (``pcie_model.count_tiered``).
+"""
+
+import math
+
+import numpy as np
+import torch
+from numba import njit, prange
+
+from directload.capabilities import capabilities
+
+from .carriers import CARRIERS, ELEMENT_SIZES
+from .devices import MAPPED, memory_of
+from .indexing import tier_row
+
+__all__ = ["gather_tiered", "check_where", "flat_where"]
+
+_tier_row = njit(inline="always")(tier_row)
+_CARRIER = {size: getattr(torch, CARRIERS[size].torch) for size in ELEMENT_SIZES}
+
+
+def flat_where(offsets):
+    """``where`` values for rows of the flat tier at element ``offsets`` (``-offset - 1``)."""
+    return -np.asarray(offsets, np.int64) - 1
+
+
+def check_where(where, n_slots, flat_elems, row_elems):
+    """Raise ``IndexError`` when a ``where`` value points outside its tier.  Every value, before any copy.
+
+    Parameters
+    ----------
+    where : numpy.ndarray or torch.Tensor
+        1-D int64.
+    n_slots, flat_elems, row_elems : int
+        Cache slots, elements of the flat tier, elements per row.
+    """
+    if isinstance(where, torch.Tensor):
+        where = where.detach()
+    if not len(where):
+        return
+    w = torch.as_tensor(where)
+    slots = w[w >= 0]
+    if slots.numel():
+        hi = int(slots.max())
+        if hi >= n_slots:
+            raise IndexError(f"cache slot {hi} is out of range: the cache has {n_slots} slots")
+    offs = -w[w < 0] - 1
+    if offs.numel():
+        hi = int(offs.max())
+        if hi + row_elems > flat_elems:
+            raise IndexError(f"flat-tier row at element {hi} ends past the tier's {flat_elems} elements "
+                             f"(rows of {row_elems})")
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _cpu_tiered(cache, flat, where, out, row_elems):
+    for r in prange(where.shape[0]):
+        tier, first, _ = _tier_row(where[r], row_elems, 1, 0, 0)
+        if tier == 0:
+            out[r, :] = cache[first:first + row_elems]
+        else:
+            out[r, :] = flat[first:first + row_elems]
+
+
+def _flat_bits(t):
+    """``t``'s elements as a 1-D carrier-dtype view."""
+    return t.view(_CARRIER[t.element_size()]).reshape(-1)
+
+
+def gather_tiered(cache, flat, where, *, out=None, aligned=True, backend="auto"):
+    """``out[r]`` = cache row ``where[r]`` (``>= 0``) or the flat tier's row at element ``-where[r] - 1``.
+
+    Parameters
+    ----------
+    cache : torch.Tensor
+        ``[slots, *row_shape]`` (0 slots is fine), contiguous: GPU memory (or
+        mapped host memory) for a GPU gather, host memory for a CPU one.
+    flat : torch.Tensor
+        1-D, ``cache``'s dtype, contiguous: host memory, mapped (pinned) for a
+        GPU gather, which reads it zero-copy.
+    where : torch.Tensor
+        1-D int64 (see :func:`flat_where`).  Its device decides where the gather
+        runs and where the result lives.
+    out : torch.Tensor, optional
+        ``[len(where), *row_shape]``, contiguous, on ``where``'s device.
+    aligned : bool
+        The aligned (one warp per row, whole 128-byte lines) or the naive GPU kernel.
+    backend : {"auto", "cupy", "numba_cuda"}
+        The GPU kernel's flavour; ``auto`` takes CuPy, else Numba.
+
+    Raises
+    ------
+    TypeError, ValueError, IndexError
+        Before any copy: bad dtypes, shapes or devices, or a ``where`` value
+        outside its tier (:func:`check_where`).
+    """
+    for name, t in (("cache", cache), ("flat", flat), ("where", where)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if where.dtype != torch.int64 or where.dim() != 1:
+        raise TypeError(f"where must be a 1-D int64 tensor, got {where.dtype} with shape {tuple(where.shape)}")
+    if cache.dim() < 1 or flat.dim() != 1 or cache.dtype != flat.dtype:
+        raise ValueError("cache is [slots, *row_shape] and flat 1-D, of one dtype; got "
+                         f"{cache.dtype}{tuple(cache.shape)} and {flat.dtype}{tuple(flat.shape)}")
+    if cache.element_size() not in _CARRIER:
+        raise TypeError(f"elements must be 1, 2, 4 or 8 bytes, got {cache.dtype}")
+    if not (cache.is_contiguous() and flat.is_contiguous()):
+        raise ValueError("cache and flat must be contiguous")
+    row_shape = tuple(cache.shape[1:])
+    row_elems = math.prod(row_shape)
+    shape = (where.shape[0], *row_shape)
+    if out is None:
+        out = torch.empty(shape, dtype=cache.dtype, device=where.device)
+    elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != cache.dtype
+          or out.device != where.device or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous {cache.dtype} tensor of shape {shape} on {where.device}")
+    if where.is_cuda:
+        if memory_of(flat) != MAPPED or memory_of(cache) not in (MAPPED, where.device):
+            raise ValueError("a GPU tiered gather reads the flat tier zero-copy (pinned, mapped host memory) and "
+                             f"the cache from {where.device} or mapped memory")
+    elif cache.is_cuda or flat.is_cuda:
+        raise ValueError("a CPU where (a CPU gather) cannot read tiers in GPU memory")
+    check_where(where, cache.shape[0], flat.numel(), row_elems)
+    if out.numel() == 0:
+        return out
+    c, f, o = _flat_bits(cache), _flat_bits(flat), out.view(_CARRIER[out.element_size()]).reshape(shape[0], row_elems)
+    if not where.is_cuda:
+        _cpu_tiered(c.numpy(), f.numpy(), where.numpy(), o.numpy(), row_elems)
+        return out
+    _launch_gpu(backend, c, f, where, o, aligned)
+    return out
+
+
+def _launch_gpu(backend, cache, flat, where, out, aligned):
+    from .interop import cuda_array
+
+    if backend == "auto":
+        caps = capabilities()
+        backend = "cupy" if caps.cupy else "numba_cuda" if caps.numba_cuda else None
+        if backend is None:
+            raise RuntimeError("a GPU tiered gather needs CuPy or Numba CUDA")
+    with torch.cuda.device(where.device):
+        stream = torch.cuda.current_stream().cuda_stream
+        if backend == "cupy":
+            import cupy
+
+            from .cupy_backend import gather_tiered_rows
+
+            gather_tiered_rows(cupy.asarray(cuda_array(cache)), cupy.asarray(cuda_array(flat)), cupy.asarray(where),
+                               cupy.asarray(out), aligned=aligned, stream_ptr=stream)
+        elif backend == "numba_cuda":
+            from numba import cuda
+
+            from .numba_cuda import gather_tiered_rows
+
+            gather_tiered_rows(cuda.as_cuda_array(cuda_array(cache)), cuda.as_cuda_array(cuda_array(flat)),
+                               cuda.as_cuda_array(where), cuda.as_cuda_array(out), aligned=aligned,
+                               stream=cuda.external_stream(stream))
+        else:
+            raise ValueError(f"backend must be 'auto', 'cupy' or 'numba_cuda', got {backend!r}")

@@ -1,0 +1,119 @@
+"""The tiered gather: cache rows and flat-tier rows (mapped staging) in one fused kernel, checked against an oracle."""
+
+import numpy as np
+import pytest
+import torch
+
+from directload.kernels import host_emu
+from directload.kernels.indexing import LINE, tier_row
+from directload.kernels.pcie_model import count_tiered
+from directload.kernels.tiered import check_where, flat_where, gather_tiered
+
+DTYPES = (np.uint8, np.uint16, np.uint32, np.uint64)
+ROW_ELEMS = (1, 11, 37, 100, 513)
+
+
+def _case(rng, dtype, row_elems, n=120, slots=40, flat_rows=70, cache_shift=0, flat_shift=0):
+    """Tiers (in buffers shifted ``*_shift`` elements off a line), a random ``where`` and the expected rows."""
+    size = np.dtype(dtype).itemsize
+
+    def shifted(elems, shift):
+        buf = np.zeros(elems + LINE, dtype)
+        start = (-buf.ctypes.data % LINE) // size + shift
+        a = buf[start:start + elems]
+        a[:] = rng.integers(0, np.iinfo(dtype).max, elems, dtype=dtype, endpoint=True)
+        return a
+
+    cache = shifted(slots * row_elems, cache_shift)
+    flat = shifted(flat_rows * row_elems + 5, flat_shift)
+    from_cache = rng.random(n) < 0.5
+    slot = rng.integers(0, slots, n)
+    offset = rng.integers(0, flat.shape[0] - row_elems + 1, n)  # any element offset, not only whole rows
+    where = np.where(from_cache, slot, flat_where(offset)).astype(np.int64)
+    want = np.stack([cache[s * row_elems:(s + 1) * row_elems] if c else flat[o:o + row_elems]
+                     for c, s, o in zip(from_cache, slot, offset)])
+    return cache, flat, where, want
+
+
+def _t(a):
+    """A numpy carrier array as a tensor (torch 2.2 takes no uint16/32/64 arrays: the signed twin, same bits)."""
+    return torch.from_numpy(a if a.dtype == np.uint8 else a.view(f"int{8 * a.itemsize}"))
+
+
+def test_the_c_mirror_of_tier_row_agrees_input_by_input(rng):
+    for _ in range(300):
+        args = (int(rng.integers(-10**6, 10**6)), int(rng.integers(1, 700)), int(rng.choice([1, 2, 4, 8])),
+                int(rng.integers(0, LINE)), int(rng.integers(0, LINE)))
+        assert host_emu.tier_row_mirror(*args) == tier_row(*args)
+    assert tier_row(3, 10, 4, 0, 64) == (0, 30, 120) and tier_row(-1, 10, 4, 0, 64) == (1, 0, 64)
+
+
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "naive"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("row_elems", ROW_ELEMS)
+def test_cuda_c_tiered_kernels_under_host_emulation(rng, dtype, row_elems, aligned):
+    shift = int(rng.integers(0, 16))
+    cache, flat, where, want = _case(rng, dtype, row_elems, cache_shift=shift, flat_shift=(shift * 7) % 16)
+    for poison in (0xA5, 0x5A):
+        out = np.full(want.shape, poison, np.uint8).view(dtype).reshape(want.shape) if dtype is np.uint8 else \
+            np.full(want.shape, np.iinfo(dtype).max - poison, dtype)
+        host_emu.launch_tiered(cache, flat, where, out, aligned=aligned, grid=3, block=64)
+        assert (out == want).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int64])
+@pytest.mark.parametrize("row_elems", ROW_ELEMS)
+def test_cpu_tiered_gather_equals_the_oracle(rng, dtype, row_elems):
+    carrier = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[torch.empty(0, dtype=dtype).element_size()]
+    cache, flat, where, want = _case(rng, carrier, row_elems)
+    cache_t = _t(cache.copy()).view(dtype).reshape(-1, row_elems)
+    flat_t = _t(flat.copy()).view(dtype)
+    out = _t(np.full(want.shape, 77, carrier)).view(dtype)
+    got = gather_tiered(cache_t, flat_t, torch.from_numpy(where), out=out)
+    assert got is out and got.dtype == dtype and got.device.type == "cpu"
+    assert torch.equal(got.view(torch.uint8), _t(want).view(torch.uint8))
+    fresh = gather_tiered(cache_t, flat_t, torch.from_numpy(where))
+    assert torch.equal(fresh.view(torch.uint8), out.view(torch.uint8)) and fresh.shape == (len(where), row_elems)
+
+
+def test_an_empty_cache_serves_everything_from_the_flat_tier(rng):
+    flat = torch.from_numpy(rng.standard_normal(1000).astype(np.float32))
+    offsets = np.array([0, 17, 990, 3])
+    got = gather_tiered(torch.empty(0, 10), flat, torch.from_numpy(flat_where(offsets)))
+    assert torch.equal(got, torch.stack([flat[o:o + 10] for o in offsets]))
+
+
+@pytest.mark.parametrize("where, match", [
+    ([0, 40], "cache slot 40 is out of range: the cache has 40 slots"),
+    ([-1, -(70 * 11 + 5 - 11 + 1) - 1], "ends past the tier's"),
+])
+def test_where_outside_a_tier_raises_before_anything_is_written(rng, where, match):
+    cache, flat, _, _ = _case(rng, np.uint32, 11)
+    out = torch.full((2, 11), 7, dtype=torch.int32)
+    with pytest.raises(IndexError, match=match):
+        gather_tiered(_t(cache).reshape(40, 11), _t(flat), torch.tensor(where), out=out)
+    assert (out == 7).all()
+    check_where(np.array([39, -(70 * 11 + 5 - 11) - 1]), 40, 70 * 11 + 5, 11)  # the last valid values pass
+
+
+def test_bad_arguments_are_typed_errors():
+    cache, flat = torch.zeros(4, 3), torch.zeros(30)
+    with pytest.raises(TypeError, match="int64"):
+        gather_tiered(cache, flat, torch.tensor([0], dtype=torch.int32))
+    with pytest.raises(ValueError, match="one dtype"):
+        gather_tiered(cache, flat.double(), torch.tensor([0]))
+    with pytest.raises(ValueError, match="out must be"):
+        gather_tiered(cache, flat, torch.tensor([0]), out=torch.zeros(2, 3))
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        gather_tiered(cache, flat.numpy(), torch.tensor([0]))
+
+
+@pytest.mark.parametrize("row_bytes, elem", [(4, 4), (44, 4), (400, 4), (1024, 2), (602, 1), (4096, 8)])
+def test_the_model_counts_each_tiers_lines_and_the_aligned_kernel_reads_no_spare_line(rng, row_bytes, elem):
+    cache, flat, where, _ = _case(rng, {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[elem],
+                                  row_bytes // elem)
+    counts = count_tiered(where, row_bytes, elem, cache_addr=cache.ctypes.data, flat_addr=flat.ctypes.data)
+    n_cache = int((where >= 0).sum())
+    assert len(counts["cache"].per_row) == n_cache and len(counts["flat"].per_row) == len(where) - n_cache
+    for tier in counts.values():  # every request is a line the row touches, and no line is read twice
+        assert tier.total == tier.per_row.sum() == tier.min_lines.sum()
