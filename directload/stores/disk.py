@@ -6,13 +6,16 @@ import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
 from directload import memory
 from directload.files import CorruptFileError
+from directload.kernels.devices import MAPPED, memory_of
 from directload.kernels.host_pool import default_pool
+from directload.kernels.tiered import flat_where, gather_tiered
 
 from . import disk_io
 from .base import FeatureStore, ReadFuture
@@ -177,7 +180,7 @@ class DiskStore(FeatureStore):
         self.engine_name = io_path(engine)
         self._lock = threading.Lock()
         self._stats = dict.fromkeys(("rows", "unique_rows", "requested_bytes", "bytes_read", "reads",
-                                     "io_seconds", "cpu_seconds", "batches"), 0)
+                                     "io_seconds", "cpu_seconds", "batches", "zero_copy_batches"), 0)
         self._pid = None
         self._staging = None
         self._open()
@@ -251,6 +254,10 @@ class DiskStore(FeatureStore):
 
     def _read(self, ids, out, device, pin):
         n, rnb = ids.shape[0], self.row_nbytes
+        if n and rnb and device.type == "cuda" and (out is None or out.is_cuda):
+            got = self._read_zero_copy(ids, out, device)
+            if got is not None:
+                return got
         if out is not None and out.device.type == "cpu":
             host = out
         elif pin and torch.cuda.is_available():
@@ -260,55 +267,96 @@ class DiskStore(FeatureStore):
         else:
             host = torch.empty((n, *self.row_shape), dtype=self.dtype)
         if n and rnb:
-            rows, inverse = np.unique(ids, return_inverse=True)
-            layout = self._layout
-            offsets, lengths, needed, row_pos = disk_io.plan_reads(
-                rows, rnb, layout.data_offset, layout.file_bytes, self.block, self._options["merge_gap"],
-                max(self._options["max_read"], self.block))
-            if os.fstat(self._fd).st_size != layout.file_bytes:
-                raise CorruptFileError(f"{self.path}: the file changed size after it was opened "
-                                       f"({layout.file_bytes} -> {os.fstat(self._fd).st_size} bytes)")
-            ends = np.cumsum(lengths, dtype=np.int64)  # each read's place in one long staging run
-            starts = ends - lengths
-            total = int(ends[-1])
+            p = self._plan(ids)
             # Reads go in rounds through one reused staging buffer of at most staging_bytes (plus one read),
             # each round's rows copied out before the next, so a big batch needs no big second copy of itself.
-            chunk = max(self._options["staging_bytes"], int(lengths.max()))
-            staging = self._staging_buffer(min(total, chunk))
+            staging = self._staging_buffer(min(p.total, p.chunk))
             out_bytes = host.view(torch.uint8).numpy().reshape(-1)
-            inverse = inverse.reshape(-1).astype(np.int64, copy=False)
-            row_read = np.searchsorted(starts, row_pos, side="right") - 1
-            dt = cpu = 0.0
+            row_read = np.searchsorted(p.starts, p.row_pos, side="right") - 1
             a = 0
-            while a < offsets.shape[0]:
-                b = max(int(np.searchsorted(ends, starts[a] + chunk, side="right")), a + 1)  # reads that fit
-                dsts = (starts[a:b] - starts[a]).astype(np.uint64) + np.uint64(staging.ctypes.data)
-                t0, c0 = time.perf_counter(), time.thread_time()
-                res = self._engine.read(self._fd, offsets[a:b], lengths[a:b], dsts, needed[a:b], self.block)
-                dt, cpu = dt + time.perf_counter() - t0, cpu + time.thread_time() - c0
-                bad = np.flatnonzero(res < 0)
-                if bad.size:
-                    k = a + bad[0]
-                    self._raise(int(-res[bad[0]]), int(offsets[k]), int(lengths[k]))
+            while a < p.offsets.shape[0]:
+                b = max(int(np.searchsorted(p.ends, p.starts[a] + p.chunk, side="right")), a + 1)  # reads that fit
+                self._read_round(p, a, b, staging)
                 lo, hi = np.searchsorted(row_read, [a, b])
-                disk_io.copy_rows_range(staging, row_pos - starts[a], inverse, out_bytes, rnb, lo, hi)
+                disk_io.copy_rows_range(staging, p.row_pos - p.starts[a], p.inverse, out_bytes, rnb, lo, hi)
                 a = b
-            with self._lock:
-                s = self._stats
-                s["unique_rows"] += rows.shape[0]
-                s["bytes_read"] += total
-                s["reads"] += offsets.shape[0]
-                s["io_seconds"] += dt
-                s["cpu_seconds"] += cpu + self._engine.take_cpu_seconds()
-        with self._lock:
-            self._stats["rows"] += n
-            self._stats["requested_bytes"] += n * rnb
-            self._stats["batches"] += 1
+            self._count_reads(p)
+        self._count_batch(n)
         if out is not None:
             if out.data_ptr() != host.data_ptr():
                 out.copy_(host)
             return out
         return host if device.type == "cpu" else host.to(device, non_blocking=False)
+
+    def _read_zero_copy(self, ids, out, device):
+        """The rows of one staging round gathered straight from staging into ``out`` on ``device`` by the
+        tiered gather (zero-copy from mapped staging on a GPU), or None where that does not apply: a
+        batch that needs several rounds, rows not element-aligned in the file, staging the GPU cannot
+        map.  On the CPU (``device`` cpu) the same path runs the CPU tiered kernel."""
+        elem = torch.empty(0, dtype=self.dtype).element_size()
+        if self._layout.data_offset % elem:
+            return None
+        p = self._plan(ids)
+        if p.total > p.chunk:
+            return None
+        staging = self._staging_buffer(p.total)
+        flat = torch.from_numpy(staging[:p.total]).view(self.dtype)
+        if device.type == "cuda" and memory_of(flat) != MAPPED:
+            return None
+        self._read_round(p, 0, p.offsets.shape[0], staging)
+        where = torch.from_numpy(flat_where(p.row_pos[p.inverse] // elem)).to(device)
+        cache = torch.empty((0, *self.row_shape), dtype=self.dtype, device=device)
+        result = gather_tiered(cache, flat, where, out=out)
+        if device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()  # the staging buffer is the next read's
+        self._count_reads(p)
+        self._count_batch(ids.shape[0])
+        with self._lock:
+            self._stats["zero_copy_batches"] += 1
+        return result
+
+    def _plan(self, ids):
+        """The reads of a batch: unique rows, block-aligned merged reads and each row's place in staging."""
+        rows, inverse = np.unique(ids, return_inverse=True)
+        layout = self._layout
+        offsets, lengths, needed, row_pos = disk_io.plan_reads(
+            rows, self.row_nbytes, layout.data_offset, layout.file_bytes, self.block, self._options["merge_gap"],
+            max(self._options["max_read"], self.block))
+        if os.fstat(self._fd).st_size != layout.file_bytes:
+            raise CorruptFileError(f"{self.path}: the file changed size after it was opened "
+                                   f"({layout.file_bytes} -> {os.fstat(self._fd).st_size} bytes)")
+        ends = np.cumsum(lengths, dtype=np.int64)  # each read's place in one long staging run
+        return SimpleNamespace(rows=rows, inverse=inverse.reshape(-1).astype(np.int64, copy=False), offsets=offsets,
+                               lengths=lengths, needed=needed, row_pos=row_pos, starts=ends - lengths, ends=ends,
+                               total=int(ends[-1]), chunk=max(self._options["staging_bytes"], int(lengths.max())),
+                               io_seconds=0.0, cpu_seconds=0.0)
+
+    def _read_round(self, p, a, b, staging):
+        """Reads ``[a, b)`` of plan ``p`` into ``staging`` (read ``a`` at its start); an I/O error raises."""
+        dsts = (p.starts[a:b] - p.starts[a]).astype(np.uint64) + np.uint64(staging.ctypes.data)
+        t0, c0 = time.perf_counter(), time.thread_time()
+        res = self._engine.read(self._fd, p.offsets[a:b], p.lengths[a:b], dsts, p.needed[a:b], self.block)
+        p.io_seconds += time.perf_counter() - t0
+        p.cpu_seconds += time.thread_time() - c0
+        bad = np.flatnonzero(res < 0)
+        if bad.size:
+            k = a + bad[0]
+            self._raise(int(-res[bad[0]]), int(p.offsets[k]), int(p.lengths[k]))
+
+    def _count_reads(self, p):
+        with self._lock:
+            s = self._stats
+            s["unique_rows"] += p.rows.shape[0]
+            s["bytes_read"] += p.total
+            s["reads"] += p.offsets.shape[0]
+            s["io_seconds"] += p.io_seconds
+            s["cpu_seconds"] += p.cpu_seconds + self._engine.take_cpu_seconds()
+
+    def _count_batch(self, n):
+        with self._lock:
+            self._stats["rows"] += n
+            self._stats["requested_bytes"] += n * self.row_nbytes
+            self._stats["batches"] += 1
 
     def _staging_buffer(self, nbytes):
         """The store's staging buffer, aligned for O_DIRECT, grown (never shrunk) to ``nbytes``;
@@ -336,7 +384,9 @@ class DiskStore(FeatureStore):
         delivered, so ``read_amplification`` is ``bytes_read`` over the
         distinct rows' bytes; ``reads`` the requests issued; ``iops`` and
         ``gb_per_s`` are over the time spent in the engine; ``cpu_us_per_read``
-        is the CPU time of the submitting threads per read.
+        is the CPU time of the submitting threads per read;
+        ``zero_copy_batches`` the batches a GPU gathered straight from the
+        pinned staging buffer (the tiered gather), with no host copy.
         """
         with self._lock:
             s = dict(self._stats)

@@ -98,3 +98,17 @@ def test_vector_unit_and_fallback_paths(where, backend, rng):
     shifted = buf[1:].view(257, 100)  # 4 bytes off a 16-byte boundary
     gather(src, idx, out=shifted, backend=backend)
     assert torch.equal(shifted.cpu(), want) and torch.isnan(buf[0]).item()
+
+
+def test_disk_store_gathers_gpu_results_zero_copy_from_pinned_staging(tmp_path):
+    import numpy as np
+
+    from directload.stores import DiskStore, write_disk_store
+
+    table = torch.randn(5000, 37)
+    path = write_disk_store(table, tmp_path / "feat.npy", progress=False)
+    with DiskStore(path) as store:
+        ids = torch.from_numpy(np.random.default_rng(0).integers(0, 5000, 999))
+        got = store.read(ids, device="cuda")
+        assert got.is_cuda and torch.equal(got.cpu(), table[ids])
+        assert store.stats()["zero_copy_batches"] == 1
