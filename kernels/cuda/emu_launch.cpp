@@ -6,25 +6,31 @@
 
 dim3 threadIdx, blockIdx, blockDim, gridDim;
 
-template <typename T, typename I>
-static void launch(int aligned, unsigned grid, unsigned block, const void* src, const void* idx,
-                   void* out, long long n_idx, long long row_elems, long long* trace_tid,
-                   int* trace_step) {
+// Runs f() once per emulated thread, with blockIdx/threadIdx set as a launch would.
+template <typename F>
+static void each_thread(unsigned grid, unsigned block, F f) {
     gridDim.x = grid;
     blockDim.x = block;
     for (unsigned b = 0; b < grid; ++b) {
         blockIdx.x = b;
         for (unsigned t = 0; t < block; ++t) {
             threadIdx.x = t;
-            if (aligned) {
-                gather_aligned<T, I>((const T*)src, (const I*)idx, (T*)out, n_idx, row_elems,
-                                     trace_tid, trace_step);
-            } else {
-                gather_naive<T, I>((const T*)src, (const I*)idx, (T*)out, n_idx, row_elems,
-                                   trace_tid, trace_step);
-            }
+            f();
         }
     }
+}
+
+template <typename T, typename I>
+static void launch(int aligned, unsigned grid, unsigned block, const void* src, const void* idx,
+                   void* out, long long n_idx, long long row_elems, long long* trace_tid,
+                   int* trace_step) {
+    each_thread(grid, block, [&] {
+        if (aligned) {
+            gather_aligned<T, I>((const T*)src, (const I*)idx, (T*)out, n_idx, row_elems, trace_tid, trace_step);
+        } else {
+            gather_naive<T, I>((const T*)src, (const I*)idx, (T*)out, n_idx, row_elems, trace_tid, trace_step);
+        }
+    });
 }
 
 template <typename T>
@@ -58,19 +64,13 @@ extern "C" int dl_emu_gather(int aligned, int elem, int idx_bytes, unsigned grid
 template <typename T>
 static void launch_tiered(int aligned, unsigned grid, unsigned block, const void* cache, const void* flat,
                           const long long* where, void* out, long long n, long long row_elems) {
-    gridDim.x = grid;
-    blockDim.x = block;
-    for (unsigned b = 0; b < grid; ++b) {
-        blockIdx.x = b;
-        for (unsigned t = 0; t < block; ++t) {
-            threadIdx.x = t;
-            if (aligned) {
-                gather_tiered_aligned<T>((const T*)cache, (const T*)flat, where, (T*)out, n, row_elems);
-            } else {
-                gather_tiered_naive<T>((const T*)cache, (const T*)flat, where, (T*)out, n, row_elems);
-            }
+    each_thread(grid, block, [&] {
+        if (aligned) {
+            gather_tiered_aligned<T>((const T*)cache, (const T*)flat, where, (T*)out, n, row_elems);
+        } else {
+            gather_tiered_naive<T>((const T*)cache, (const T*)flat, where, (T*)out, n, row_elems);
         }
-    }
+    });
 }
 
 extern "C" int dl_emu_gather_tiered(int aligned, int elem, unsigned grid, unsigned block, const void* cache,
