@@ -38,7 +38,9 @@ def memory_of(table, *, has_cuda=None):
     if table.is_cuda:
         return table.device
     if has_cuda is None:
-        has_cuda = torch.cuda.is_available()
+        # Only a process whose CUDA is up can hold pinned memory, and asking is_pinned() elsewhere would
+        # start CUDA (or fail, in a worker forked from a process that had started it).
+        has_cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     if has_cuda and table.is_pinned():
         return MAPPED
     return HOST

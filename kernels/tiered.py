@@ -112,6 +112,7 @@ def gather_tiered(cache, flat, where, *, out=None, aligned=True, backend="auto")
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if where.dtype != torch.int64 or where.dim() != 1:
         raise TypeError(f"where must be a 1-D int64 tensor, got {where.dtype} with shape {tuple(where.shape)}")
+    where = where.contiguous()  # the CUDA C kernel reads a raw pointer: the values checked are the values read
     if cache.dim() < 1 or flat.dim() != 1 or cache.dtype != flat.dtype:
         raise ValueError("cache is [slots, *row_shape] and flat 1-D, of one dtype; got "
                          f"{cache.dtype}{tuple(cache.shape)} and {flat.dtype}{tuple(flat.shape)}")

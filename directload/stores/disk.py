@@ -13,6 +13,7 @@ import torch
 
 from directload import memory
 from directload.files import CorruptFileError
+from directload.kernels.carriers import ELEMENT_SIZES
 from directload.kernels.devices import MAPPED, memory_of
 from directload.kernels.host_pool import default_pool
 from directload.kernels.tiered import flat_where, gather_tiered
@@ -294,8 +295,10 @@ class DiskStore(FeatureStore):
         batch that needs several rounds, rows not element-aligned in the file, staging the GPU cannot
         map.  On the CPU (``device`` cpu) the same path runs the CPU tiered kernel."""
         elem = torch.empty(0, dtype=self.dtype).element_size()
-        if self._layout.data_offset % elem:
-            return None
+        if elem not in ELEMENT_SIZES or self._layout.data_offset % elem:
+            return None  # complex128 and rows off their element grid: the copy path
+        if device.type == "cuda":
+            torch.cuda.init()  # the result goes there anyway; then pinned staging counts as mapped
         p = self._plan(ids)
         if p.total > p.chunk:
             return None
@@ -362,10 +365,16 @@ class DiskStore(FeatureStore):
         """The store's staging buffer, aligned for O_DIRECT, grown (never shrunk) to ``nbytes``;
         pinned (from the pinned pool) where CUDA runs, else ordinary memory."""
         if self._staging is None or self._staging.nbytes < nbytes:
+            old = 0 if self._staging is None else self._staging.nbytes
+            # Grow at least twofold (up to the round size), so a run of growing batches reallocates
+            # a few times, not at every batch.
+            nbytes = max(nbytes, min(2 * old, max(self._options["staging_bytes"], nbytes)))
             self._staging = None  # the old buffer goes before the new one is allocated
-            raw = memory.host_array(memory.allocate(nbytes + _ALIGN, pin="auto"))
-            start = (-raw.ctypes.data) % _ALIGN
-            self._staging = raw[start:start + nbytes]
+            raw = memory.host_array(memory.allocate(nbytes, pin="auto"))
+            if raw.ctypes.data % _ALIGN:  # pinned blocks start on a page; ordinary memory may not
+                raw = memory.host_array(memory.allocate(nbytes + _ALIGN, pin="never"))
+                raw = raw[(-raw.ctypes.data) % _ALIGN:][:nbytes]
+            self._staging = raw
         return self._staging
 
     def _raise(self, code, offset, length):
@@ -417,6 +426,7 @@ class DiskStore(FeatureStore):
                 self._engine.close()
         finally:
             os.close(self._fd)
+            self._staging = None  # back to the pinned pool (a read still running keeps its own reference)
 
     def __del__(self):
         if not getattr(self, "_closed", True) and getattr(self, "_pid", None) == os.getpid():

@@ -71,7 +71,8 @@ class TensorStore(FeatureStore):
         table = self.table
         if is_unified(table):
             table = table.check_backing() if run_device.type == "cpu" else table
-        index = index.to(run_device, non_blocking=True)
+        # Non-blocking only towards a GPU (stream-ordered): a CPU gather must see the copied ids.
+        index = index.to(run_device, non_blocking=run_device.type == "cuda")
         direct = out if out is not None and out.device == run_device else None
         if not _gatherable(table):
             rows = table.index_select(0, index.to(table.device).long())

@@ -117,3 +117,11 @@ def test_the_model_counts_each_tiers_lines_and_the_aligned_kernel_reads_no_spare
     assert len(counts["cache"].per_row) == n_cache and len(counts["flat"].per_row) == len(where) - n_cache
     for tier in counts.values():  # every request is a line the row touches, and no line is read twice
         assert tier.total == tier.per_row.sum() == tier.min_lines.sum()
+
+
+def test_a_strided_where_is_read_as_the_values_checked(rng):
+    cache = torch.arange(40.0).reshape(20, 2)
+    flat = torch.arange(100.0) + 1000
+    where = torch.tensor([3, 10**12, -1, 10**12, 19, 10**12])[::2]  # the skipped values would be out of range
+    got = gather_tiered(cache, flat, where)
+    assert torch.equal(got, torch.stack([cache[3], flat[0:2], cache[19]]))

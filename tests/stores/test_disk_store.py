@@ -342,15 +342,15 @@ def test_the_staging_buffer_comes_from_the_pinned_pool_where_cuda_runs(tmp_path,
     """With a CUDA host runtime (here libc's malloc standing in for cudaHostAlloc), reads land in
     pinned, page-aligned staging from directload's pool, and come back bit-identical."""
     libc = ctypes.CDLL(None)
-    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.aligned_alloc.restype, libc.aligned_alloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t, ctypes.c_size_t]
     libc.free.argtypes = [ctypes.c_void_p]
 
-    class Pinned(memory.HostRuntime):
+    class Pinned(memory.HostRuntime):  # page-aligned, as cudaHostAlloc's blocks are
         def __init__(self):
             self.allocs = []
 
         def host_alloc(self, nbytes):
-            ptr = libc.malloc(nbytes)
+            ptr = libc.aligned_alloc(4096, nbytes)
             self.allocs.append((ptr, nbytes))
             return ptr
 
@@ -365,6 +365,9 @@ def test_the_staging_buffer_comes_from_the_pinned_pool_where_cuda_runs(tmp_path,
         staging = store._staging
         assert staging.ctypes.data % 4096 == 0
         assert any(p <= staging.ctypes.data and staging.ctypes.data + staging.nbytes <= p + n for p, n in rt.allocs)
+        # one pinned block no bigger than the pool's rounding of the buffer itself (no padding doubled it)
+        assert len(rt.allocs) == 1 and rt.allocs[0][1] <= memory.PinnedPool.block_size(staging.nbytes)
+    assert store._staging is None  # closed: the staging buffer went back to the pool
     plain = DiskStore(tmp_path / "feat.npy", engine=engine)  # no CUDA runtime: ordinary memory
     with plain:
         assert torch.equal(plain.read(ids), table[ids]) and plain._staging.ctypes.data % 4096 == 0
@@ -393,3 +396,12 @@ def test_the_zero_copy_path_steps_aside_where_it_cannot_serve(tmp_path, rng, eng
     with DiskStore(raw, dtype=torch.float32, shape=(3000, 100), offset=3, engine=engine) as store:
         assert store._read_zero_copy(np.array([4, 1]), None, torch.device("cpu")) is None
         assert torch.equal(store.read([4, 1]), table[[4, 1]])
+
+
+def test_complex_rows_are_read_to_any_device_by_the_copy_path(tmp_path, rng, engine):
+    table = torch.randn(500, 7, dtype=torch.complex128)
+    np.save(tmp_path / "c.npy", table.numpy())  # the writer refuses complex rows; DiskStore opens any .npy
+    with DiskStore(tmp_path / "c.npy", engine=engine) as store:
+        ids = np.array([3, 499, 3, 0])
+        assert store._read_zero_copy(ids, None, torch.device("cpu")) is None  # the tiered gather takes 1-8 bytes
+        assert torch.equal(store.read(ids), table[ids])
