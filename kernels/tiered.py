@@ -22,6 +22,7 @@ from numba import njit, prange
 
 from directload.capabilities import capabilities
 
+from .api import _overlap, _span
 from .carriers import CARRIERS, ELEMENT_SIZES
 from .devices import MAPPED, memory_of
 from .indexing import tier_row
@@ -134,6 +135,9 @@ def gather_tiered(cache, flat, where, *, out=None, aligned=True, backend="auto")
                              f"the cache from {where.device} or mapped memory")
     elif cache.is_cuda or flat.is_cuda:
         raise ValueError("a CPU where (a CPU gather) cannot read tiers in GPU memory")
+    for name, t in (("cache", cache), ("flat", flat), ("where", where)):
+        if _overlap(_span(out), _span(t)):
+            raise ValueError(f"out shares memory with {name}: a gather cannot write where it reads")
     check_where(where, cache.shape[0], flat.numel(), row_elems)
     if out.numel() == 0:
         return out

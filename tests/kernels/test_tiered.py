@@ -106,6 +106,10 @@ def test_bad_arguments_are_typed_errors():
         gather_tiered(cache, flat, torch.tensor([0]), out=torch.zeros(2, 3))
     with pytest.raises(TypeError, match="torch.Tensor"):
         gather_tiered(cache, flat.numpy(), torch.tensor([0]))
+    flat = torch.arange(30.0)
+    with pytest.raises(ValueError, match="out shares memory with flat"):
+        gather_tiered(cache, flat, torch.tensor([-1]), out=flat[10:13].view(1, 3))
+    assert torch.equal(flat, torch.arange(30.0))
 
 
 @pytest.mark.parametrize("row_bytes, elem", [(4, 4), (44, 4), (400, 4), (1024, 2), (602, 1), (4096, 8)])
