@@ -70,3 +70,22 @@ def test_a_missing_framework_says_which_extra_to_install():
         print("ok")
     """)
     assert out.strip() == "ok"
+
+
+def test_setup_py_installs_every_package_of_the_tree():
+    """A package missing from setup.py's list works from a checkout and is absent from an install."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    tree = ast.parse((root / "setup.py").read_text())
+    listed = next(ast.literal_eval(k.value) for node in ast.walk(tree) if isinstance(node, ast.Call)
+                  for k in node.keywords if k.arg == "packages")
+    homes = {"directload": root / "directload", "directload.kernels": root / "kernels",
+             "directload.loaders": root / "loaders"}
+    found = set()
+    for top, path in homes.items():
+        for init in path.rglob("__init__.py"):
+            rel = init.parent.relative_to(path).parts
+            found.add(".".join((top, *rel)) if rel else top)
+    assert found == set(listed)

@@ -1,0 +1,62 @@
+"""The policy interface and the offline trace simulator."""
+
+import numpy as np
+
+__all__ = ["Policy", "simulate"]
+
+
+class Policy:
+    """Which rows a cache of ``capacity`` rows keeps.
+
+    Subclasses implement :meth:`_access`; the public methods check input.
+    """
+
+    name = "policy"
+
+    def __init__(self, capacity):
+        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 0:
+            raise ValueError(f"capacity must be an integer >= 0 (rows), got {capacity!r}")
+        self.capacity = int(capacity)
+
+    def access(self, ids):
+        """One batch's distinct row ids: returns a bool array, True where the row was cached (a hit).
+
+        Misses are admitted (or passed through, as the policy decides); evictions happen here.
+        """
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or ids.dtype.kind not in "iu":
+            raise TypeError(f"ids must be a 1-D integer array, got {ids.dtype} with shape {ids.shape}")
+        if np.unique(ids).shape[0] != ids.shape[0]:
+            raise ValueError("ids of one batch must be distinct (a batch reads each row once)")
+        return self._access(ids.astype(np.int64, copy=False))
+
+    def see(self, batch_index, window):
+        """A hint: batch ``batch_index`` comes next, then the batches in ``window`` (a list of id arrays,
+        starting with that batch).  Only look-ahead policies use it."""
+
+    def cached(self):
+        """The cached row ids, as a set (for tests and the simulator)."""
+        raise NotImplementedError
+
+    def _access(self, ids):
+        raise NotImplementedError
+
+
+def simulate(policy, batches, *, lookahead=0):
+    """Run ``policy`` over ``batches`` (id arrays; each made distinct), as a loader with ``lookahead``
+    batches of look-ahead would feed it.
+
+    Returns
+    -------
+    dict
+        ``accesses``, ``hits``, ``misses`` (rows read from the slower tier) and ``hit_rate``.
+    """
+    batches = [np.unique(np.asarray(b, np.int64)) for b in batches]
+    hits = accesses = 0
+    for i, batch in enumerate(batches):
+        policy.see(i, batches[i:] if lookahead is None else batches[i:i + 1 + lookahead])
+        got = policy.access(batch)
+        hits += int(got.sum())
+        accesses += batch.shape[0]
+    return {"policy": policy.name, "accesses": accesses, "hits": hits, "misses": accesses - hits,
+            "hit_rate": hits / accesses if accesses else 0.0}

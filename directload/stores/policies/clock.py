@@ -1,0 +1,38 @@
+"""CLOCK: a ring of slots with a reference bit; the hand clears bits until it finds a row without one."""
+
+import numpy as np
+
+from .base import Policy
+
+
+class Clock(Policy):
+    name = "clock"
+
+    def __init__(self, capacity):
+        super().__init__(capacity)
+        self._slot = {}  # row -> slot
+        self._rows = [None] * self.capacity
+        self._ref = [False] * self.capacity
+        self._hand = 0
+
+    def _access(self, ids):
+        hit = np.zeros(ids.shape[0], bool)
+        for k, r in enumerate(ids.tolist()):
+            s = self._slot.get(r)
+            if s is not None:
+                self._ref[s] = True
+                hit[k] = True
+            elif self.capacity:
+                while self._rows[self._hand] is not None and self._ref[self._hand]:
+                    self._ref[self._hand] = False
+                    self._hand = (self._hand + 1) % self.capacity
+                old = self._rows[self._hand]
+                if old is not None:
+                    del self._slot[old]
+                self._rows[self._hand], self._ref[self._hand] = r, False
+                self._slot[r] = self._hand
+                self._hand = (self._hand + 1) % self.capacity
+        return hit
+
+    def cached(self):
+        return set(self._slot)

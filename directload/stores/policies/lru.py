@@ -1,0 +1,31 @@
+"""Least recently used: evict the row touched longest ago."""
+
+from collections import OrderedDict
+
+import numpy as np
+
+from .base import Policy
+
+
+class LRU(Policy):
+    name = "lru"
+
+    def __init__(self, capacity):
+        super().__init__(capacity)
+        self._rows = OrderedDict()
+
+    def _access(self, ids):
+        hit = np.zeros(ids.shape[0], bool)
+        rows = self._rows
+        for k, r in enumerate(ids.tolist()):
+            if r in rows:
+                rows.move_to_end(r)
+                hit[k] = True
+            elif self.capacity:
+                if len(rows) >= self.capacity:
+                    rows.popitem(last=False)
+                rows[r] = None
+        return hit
+
+    def cached(self):
+        return set(self._rows)

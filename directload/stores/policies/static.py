@@ -1,0 +1,40 @@
+"""Static caches: the ``capacity`` rows of highest score, fixed up front; misses pass through.
+
+:func:`degree` scores rows by in-degree (PaGraph, quiver); :func:`presample` by how often K pre-sampled
+batches read them (GNNLab).
+"""
+
+import numpy as np
+
+from .base import Policy
+
+
+class Static(Policy):
+    name = "static"
+
+    def __init__(self, capacity, scores, name="static"):
+        super().__init__(capacity)
+        scores = np.asarray(scores)
+        order = np.argsort(-scores, kind="stable")[:self.capacity]
+        self._rows = set(order[scores[order] > 0].tolist()) if scores.size else set()
+        self.name = name
+
+    def _access(self, ids):
+        rows = self._rows
+        return np.fromiter((r in rows for r in ids.tolist()), bool, ids.shape[0])
+
+    def cached(self):
+        return set(self._rows)
+
+
+def degree(capacity, in_degrees):
+    """The rows of highest in-degree (a row read by many neighbours is read often)."""
+    return Static(capacity, np.asarray(in_degrees, np.float64) + 1e-9, name="degree")
+
+
+def presample(capacity, batches, num_rows):
+    """The rows that ``batches`` (K pre-sampled batches) read most often."""
+    counts = np.zeros(num_rows, np.int64)
+    for b in batches:
+        np.add.at(counts, np.unique(np.asarray(b, np.int64)), 1)
+    return Static(capacity, counts, name="presample")

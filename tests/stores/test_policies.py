@@ -1,0 +1,101 @@
+"""Cache policies: hand-checked traces, invariants, and Belady's optimum bounding every policy."""
+
+import numpy as np
+import pytest
+
+from directload.stores.policies import (
+    LRU,
+    POLICIES,
+    S3FIFO,
+    Clock,
+    LookAhead,
+    Sieve,
+    belady,
+    degree,
+    presample,
+    simulate,
+)
+
+
+def _zipf_trace(rng, rows=400, batches=40, per_batch=60, a=1.2):
+    return [np.unique((np.minimum(rng.zipf(a, per_batch), rows) - 1 + rng.integers(0, 2, per_batch)) % rows)
+            for _ in range(batches)]
+
+
+def _run(policy, batches):
+    return [policy.access(np.asarray(b)).tolist() for b in batches]
+
+
+def test_lru_evicts_the_row_touched_longest_ago():
+    p = LRU(2)
+    assert _run(p, [[1], [2], [1], [3], [2], [1]]) == [[False], [False], [True], [False], [False], [False]]
+    assert p.cached() == {2, 1}
+
+
+def test_clock_gives_a_referenced_row_a_second_chance():
+    p = Clock(2)
+    assert _run(p, [[1, 2], [1], [3]]) == [[False, False], [True], [False]]
+    assert p.cached() == {1, 3}  # 1 was referenced: the hand cleared it and took 2
+
+
+def test_sieve_keeps_a_visited_row_and_evicts_the_next_unvisited_one():
+    p = Sieve(3)
+    _run(p, [[1, 2, 3], [1], [4]])
+    assert p.cached() == {1, 3, 4}
+    _run(p, [[5]])  # the hand goes on from where it stopped: 3 (unvisited) goes, not 1 (its bit was cleared)
+    assert p.cached() == {1, 4, 5}
+
+
+def test_s3fifo_filters_one_time_rows_that_flush_lru():
+    hot = np.arange(5)
+    batches = [np.concatenate([hot, 1000 + 6 * i + np.arange(6)]) for i in range(30)]
+    s3, lru = simulate(S3FIFO(10), batches), simulate(LRU(10), batches)
+    assert lru["hits"] == 0  # 11 rows a batch through 10 slots: each batch's new rows push the hot ones out
+    assert s3["hits"] == 5 * 28  # the hot rows come back from the ghost queue into the main one, and stay
+
+
+@pytest.mark.parametrize("capacity", [0, 7, 40, 120, 400])
+def test_belady_bounds_every_policy_and_every_cache_stays_within_capacity(rng, capacity):
+    batches = _zipf_trace(rng)
+    opt = simulate(belady(capacity), batches, lookahead=None)
+    for make in [*POLICIES.values(), lambda c: LookAhead(c)]:
+        p = make(capacity)
+        got = simulate(p, batches, lookahead=3)
+        assert got["hits"] <= opt["hits"], (p.name, got, opt)
+        assert len(p.cached()) <= capacity
+    unique = len(np.unique(np.concatenate(batches)))
+    accesses = sum(len(b) for b in batches)
+    if capacity == 0:
+        assert opt["hits"] == 0
+    if capacity >= unique:  # only the first read of each row misses
+        assert opt["misses"] == unique and opt["accesses"] == accesses
+
+
+def test_lookahead_with_the_whole_epoch_is_belady_and_gains_with_its_window(rng):
+    batches = _zipf_trace(rng)
+    assert simulate(LookAhead(40), batches, lookahead=None)["hits"] == simulate(belady(40), batches,
+                                                                                lookahead=None)["hits"]
+    # no window: LRU, except that a row the current batch reads is never evicted for another of its rows
+    assert simulate(LookAhead(40), batches, lookahead=0)["hits"] >= simulate(LRU(40), batches)["hits"]
+    more = [simulate(LookAhead(40), batches, lookahead=k)["hits"] for k in (0, 2, 8)]
+    assert more[0] < more[-1]  # knowing the future pays
+
+
+def test_static_policies_keep_the_top_scored_rows():
+    p = degree(2, [5, 0, 9, 1])
+    assert p.cached() == {0, 2} and p.access(np.array([2, 3, 0])).tolist() == [True, False, True]
+    q = presample(2, [[1, 2], [2, 3], [2, 1]], num_rows=5)
+    assert q.cached() == {1, 2} and q.name == "presample"
+
+
+@pytest.mark.parametrize("bad, err", [(-1, ValueError), (1.5, ValueError), (True, ValueError)])
+def test_bad_capacities_are_refused(bad, err):
+    with pytest.raises(err, match="capacity"):
+        LRU(bad)
+
+
+def test_a_batch_must_be_distinct_integer_ids():
+    with pytest.raises(ValueError, match="distinct"):
+        LRU(3).access(np.array([1, 1]))
+    with pytest.raises(TypeError, match="integer"):
+        Sieve(3).access(np.array([1.0]))
