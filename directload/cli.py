@@ -16,7 +16,7 @@ DESCRIPTION = ("directload: zero-copy GPU feature loading for mini-batch GNN tra
                "the frameworks' own loaders.  Everything also runs on a machine without a GPU.")
 
 _BENCH = {"gather": "gather_bandwidth.py", "alignment": "alignment_sweep.py", "unified": "unified_gather.py",
-          "loader": "loader_e2e.py", "gpu": "gpu_suite.py", "disk": "disk_read.py"}
+          "loader": "loader_e2e.py", "gpu": "gpu_suite.py", "disk": "disk_read.py", "cache": "cache_policies.py"}
 _SOURCE_TREE = Path(__file__).resolve().parent.parent
 
 

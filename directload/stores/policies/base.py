@@ -42,9 +42,10 @@ class Policy:
         raise NotImplementedError
 
 
-def simulate(policy, batches, *, lookahead=0):
+def simulate(policy, batches, *, lookahead=0, measure_from=0):
     """Run ``policy`` over ``batches`` (id arrays; each made distinct), as a loader with ``lookahead``
-    batches of look-ahead would feed it.
+    batches of look-ahead would feed it (``None``: every remaining batch).  Batches before
+    ``measure_from`` warm the cache and are not counted (e.g. a first epoch, for steady-state figures).
 
     Returns
     -------
@@ -56,7 +57,8 @@ def simulate(policy, batches, *, lookahead=0):
     for i, batch in enumerate(batches):
         policy.see(i, batches[i:] if lookahead is None else batches[i:i + 1 + lookahead])
         got = policy.access(batch)
-        hits += int(got.sum())
-        accesses += batch.shape[0]
+        if i >= measure_from:
+            hits += int(got.sum())
+            accesses += batch.shape[0]
     return {"policy": policy.name, "accesses": accesses, "hits": hits, "misses": accesses - hits,
             "hit_rate": hits / accesses if accesses else 0.0}

@@ -1,10 +1,12 @@
 """Look-ahead: Belady over the batches the loader already knows (G10's plan from known future use).
 
-Before each batch the loader shows the policy that batch and the next ones (:meth:`LookAhead.see`).  A miss
-is admitted by evicting, among the cached rows the current batch does not read, the one whose next use is
-farthest away; rows with no use in the window go first, least recently used first.  When the new row's own
-next use is farther than every candidate's, it passes through instead (it would only displace a row needed
-sooner).  With the whole epoch as the window this is Belady's optimum (:func:`belady`).
+Before each batch the loader shows the policy that batch and the next ones (:meth:`LookAhead.see`).  A
+batch's hits are the rows it reads that were cached; then the cache keeps, out of what it held and what the
+batch read, the ``capacity`` rows whose next use is nearest.  Rows with no use in the window come last,
+most recently used first among them.  Choosing over the whole batch at once, not miss by miss, is what
+makes it exact: a greedy per-miss choice keeps a far row admitted early over a nearer one met later.
+With the whole epoch as the window this is Belady's optimum for a cache that fills on demand
+(:func:`belady`).
 """
 
 from collections import OrderedDict
@@ -34,35 +36,21 @@ class LookAhead(Policy):
         self._next, self._now = nxt, batch_index
 
     def _access(self, ids):
-        hit = np.zeros(ids.shape[0], bool)
-        rows, nxt = self._rows, self._next
-        current = set(ids.tolist())
-        victims = None
-        for k, r in enumerate(ids.tolist()):
-            if r in rows:
-                rows.move_to_end(r)
-                hit[k] = True
-                continue
-            if not self.capacity:
-                continue
-            if len(rows) < self.capacity:
-                rows[r] = None
-                continue
-            if victims is None:  # this batch's eviction order: farthest next use first, never-used first of all
-                cands = [(nxt.get(v, _NEVER), -i, v) for i, v in enumerate(rows) if v not in current]
-                cands.sort(reverse=True)
-                victims = [(use, v) for use, _, v in cands]
-                pos = 0
-            while pos < len(victims) and victims[pos][1] not in rows:
-                pos += 1
-            if pos == len(victims):
-                continue  # every cached row is read by this batch: pass through
-            use, v = victims[pos]
-            if nxt.get(r, _NEVER) > use:
-                continue  # needed later than any candidate: pass through
-            pos += 1
-            del rows[v]
+        rows = self._rows
+        hit = np.fromiter((r in rows for r in ids.tolist()), bool, ids.shape[0])
+        if not self.capacity:
+            return hit
+        for r in ids.tolist():  # the batch's rows are now the most recently used
+            rows.pop(r, None)
             rows[r] = None
+        if len(rows) > self.capacity:
+            order = list(rows)  # least recently used first
+            nxt = self._next
+            keys = np.array([nxt.get(r, _NEVER) for r in order])
+            # nearest next use first; among equal uses (never seen in the window), most recent first
+            keep = np.lexsort((-np.arange(len(order)), keys))[:self.capacity]
+            kept = set(np.asarray(order, dtype=np.int64)[keep].tolist())
+            self._rows = OrderedDict((r, None) for r in order if r in kept)
         return hit
 
     def cached(self):
