@@ -99,3 +99,25 @@ def test_a_batch_must_be_distinct_integer_ids():
         LRU(3).access(np.array([1, 1]))
     with pytest.raises(TypeError, match="integer"):
         Sieve(3).access(np.array([1.0]))
+
+
+def test_the_page_baseline_reads_whole_pages_and_prefetches_what_followed_last_time():
+    from directload.stores.policies import Correlation
+
+    p = Correlation(100, row_bytes=512, page_bytes=4096, degree=1)  # 100 rows of cache = 12 pages of 8 rows
+    got = simulate(p, [np.arange(0, 20)])  # a scan: the first row of each page misses
+    assert got["hits"] == 17 and got["fetched_bytes"] == 3 * 4096
+    q = Correlation(24, row_bytes=512, page_bytes=4096, degree=1)  # 3 pages
+    # faults on page 12 then page 62; later page 12 faults again and brings page 62 with it
+    r = simulate(q, [[100], [500], [200], [300], [400], [100], [500]])
+    assert r["hits"] == 1 and {496, 500, 503} <= q.cached()
+    none = simulate(Correlation(0, row_bytes=400), [[1, 2, 3]])
+    assert none["hits"] == 0 and none["fetched_bytes"] == 3 * 400
+    with pytest.raises(ValueError, match="row_bytes"):
+        Correlation(10, row_bytes=0)
+
+
+def test_measured_batches_leave_the_warm_up_out():
+    batches = [[1, 2], [1, 2], [3]]
+    assert simulate(LRU(2), batches, measure_from=1) == {"policy": "lru", "accesses": 3, "hits": 2, "misses": 1,
+                                                         "hit_rate": 2 / 3}

@@ -7,12 +7,14 @@ which were cached (hits), admitting the misses and evicting as it decides.  Look
 
 * recency and frequency: :class:`LRU`, :class:`Clock`, :class:`Sieve`, :class:`S3FIFO` (GraphBolt's set);
 * static: :class:`Static` from scores (:func:`degree`, as PaGraph/quiver; :func:`presample`, as GNNLab);
+* pages with correlation prefetch: :class:`Correlation` (DeepUM-style, a baseline);
 * the future: :class:`LookAhead` (Belady over a window of known batches); :func:`belady` is it over the
   whole epoch, the optimum, for evaluation.
 """
 
 from .base import Policy, simulate
 from .clock import Clock
+from .correlation import Correlation
 from .lookahead import LookAhead, belady
 from .lru import LRU
 from .s3fifo import S3FIFO
@@ -21,5 +23,5 @@ from .static import Static, degree, presample
 
 POLICIES = {"lru": LRU, "clock": Clock, "sieve": Sieve, "s3fifo": S3FIFO}
 
-__all__ = ["Policy", "simulate", "LRU", "Clock", "Sieve", "S3FIFO", "Static", "degree", "presample", "LookAhead",
-           "belady", "POLICIES"]
+__all__ = ["Policy", "simulate", "LRU", "Clock", "Sieve", "S3FIFO", "Correlation", "Static", "degree", "presample",
+           "LookAhead", "belady", "POLICIES"]

@@ -50,15 +50,23 @@ def simulate(policy, batches, *, lookahead=0, measure_from=0):
     Returns
     -------
     dict
-        ``accesses``, ``hits``, ``misses`` (rows read from the slower tier) and ``hit_rate``.
+        ``accesses``, ``hits``, ``misses`` (rows read from the slower tier) and ``hit_rate``; a policy that
+        fetches more than the rows it misses (:class:`~directload.stores.policies.Correlation`) adds
+        ``fetched_bytes``.
     """
     batches = [np.unique(np.asarray(b, np.int64)) for b in batches]
     hits = accesses = 0
+    fetched_before = None
     for i, batch in enumerate(batches):
+        if i == measure_from:
+            fetched_before = getattr(policy, "fetched_bytes", None)
         policy.see(i, batches[i:] if lookahead is None else batches[i:i + 1 + lookahead])
         got = policy.access(batch)
         if i >= measure_from:
             hits += int(got.sum())
             accesses += batch.shape[0]
-    return {"policy": policy.name, "accesses": accesses, "hits": hits, "misses": accesses - hits,
-            "hit_rate": hits / accesses if accesses else 0.0}
+    out = {"policy": policy.name, "accesses": accesses, "hits": hits, "misses": accesses - hits,
+           "hit_rate": hits / accesses if accesses else 0.0}
+    if fetched_before is not None:  # a page policy counts its own bytes (whole pages, prefetches)
+        out["fetched_bytes"] = policy.fetched_bytes - fetched_before
+    return out
