@@ -255,8 +255,9 @@ class DiskStore(FeatureStore):
 
     def _read(self, ids, out, device, pin):
         n, rnb = ids.shape[0], self.row_nbytes
-        if n and rnb and device.type == "cuda" and (out is None or out.is_cuda):
-            got = self._read_zero_copy(ids, out, device)
+        p = self._plan(ids) if n and rnb else None  # planned once, for either path
+        if p is not None and device.type == "cuda" and (out is None or out.is_cuda):
+            got = self._read_zero_copy(p, n, out, device)
             if got is not None:
                 return got
         if out is not None and out.device.type == "cpu":
@@ -267,8 +268,7 @@ class DiskStore(FeatureStore):
             host = default_pool().empty((n, *self.row_shape), self.dtype)
         else:
             host = torch.empty((n, *self.row_shape), dtype=self.dtype)
-        if n and rnb:
-            p = self._plan(ids)
+        if p is not None:
             # Reads go in rounds through one reused staging buffer of at most staging_bytes (plus one read),
             # each round's rows copied out before the next, so a big batch needs no big second copy of itself.
             staging = self._staging_buffer(min(p.total, p.chunk))
@@ -289,17 +289,17 @@ class DiskStore(FeatureStore):
             return out
         return host if device.type == "cpu" else host.to(device, non_blocking=False)
 
-    def _read_zero_copy(self, ids, out, device):
-        """The rows of one staging round gathered straight from staging into ``out`` on ``device`` by the
-        tiered gather (zero-copy from mapped staging on a GPU), or None where that does not apply: a
-        batch that needs several rounds, rows not element-aligned in the file, staging the GPU cannot
-        map.  On the CPU (``device`` cpu) the same path runs the CPU tiered kernel."""
+    def _read_zero_copy(self, p, n, out, device):
+        """The ``n`` rows of plan ``p``, when it fits one staging round, gathered straight from staging
+        into ``out`` on ``device`` by the tiered gather (zero-copy from mapped staging on a GPU), or None
+        where that does not apply: a batch that needs several rounds, rows not element-aligned in the
+        file, staging the GPU cannot map.  On the CPU (``device`` cpu) the same path runs the CPU tiered
+        kernel."""
         elem = torch.empty(0, dtype=self.dtype).element_size()
         if elem not in ELEMENT_SIZES or self._layout.data_offset % elem:
             return None  # complex128 and rows off their element grid: the copy path
         if device.type == "cuda":
             torch.cuda.init()  # the result goes there anyway; then pinned staging counts as mapped
-        p = self._plan(ids)
         if p.total > p.chunk:
             return None
         staging = self._staging_buffer(p.total)
@@ -313,9 +313,7 @@ class DiskStore(FeatureStore):
         if device.type == "cuda":
             torch.cuda.current_stream(device).synchronize()  # the staging buffer is the next read's
         self._count_reads(p)
-        self._count_batch(ids.shape[0])
-        with self._lock:
-            self._stats["zero_copy_batches"] += 1
+        self._count_batch(n, zero_copy=True)
         return result
 
     def _plan(self, ids):
@@ -355,11 +353,12 @@ class DiskStore(FeatureStore):
             s["io_seconds"] += p.io_seconds
             s["cpu_seconds"] += p.cpu_seconds + self._engine.take_cpu_seconds()
 
-    def _count_batch(self, n):
+    def _count_batch(self, n, zero_copy=False):
         with self._lock:
             self._stats["rows"] += n
             self._stats["requested_bytes"] += n * self.row_nbytes
             self._stats["batches"] += 1
+            self._stats["zero_copy_batches"] += zero_copy
 
     def _staging_buffer(self, nbytes):
         """The store's staging buffer, aligned for O_DIRECT, grown (never shrunk) to ``nbytes``;
@@ -371,10 +370,8 @@ class DiskStore(FeatureStore):
             nbytes = max(nbytes, min(2 * old, max(self._options["staging_bytes"], nbytes)))
             self._staging = None  # the old buffer goes before the new one is allocated
             raw = memory.host_array(memory.allocate(nbytes, pin="auto"))
-            if raw.ctypes.data % _ALIGN:  # pinned blocks start on a page; ordinary memory may not
-                raw = memory.host_array(memory.allocate(nbytes + _ALIGN, pin="never"))
-                raw = raw[(-raw.ctypes.data) % _ALIGN:][:nbytes]
-            self._staging = raw
+            # pinned blocks start on a page; ordinary memory may not
+            self._staging = raw if raw.ctypes.data % _ALIGN == 0 else _aligned(nbytes)
         return self._staging
 
     def _raise(self, code, offset, length):

@@ -379,10 +379,11 @@ def test_the_zero_copy_path_gathers_from_staging_what_the_copy_path_does(tmp_pat
     table = random_table(rng, 3000, 37, dtype)
     with _store(tmp_path, table, engine=engine) as store:
         ids = np.concatenate([rng.integers(0, 3000, 700), [0, 2999, 5, 5]])
-        got = store._read_zero_copy(ids, None, torch.device("cpu"))
+        got = store._read_zero_copy(store._plan(ids), len(ids), None, torch.device("cpu"))
         assert got.dtype == dtype and got.shape == (len(ids), 37) and bits(got).equal(bits(table[ids]))
         out = torch.empty(len(ids), 37, dtype=dtype)
-        assert store._read_zero_copy(ids, out, torch.device("cpu")) is out and bits(out).equal(bits(table[ids]))
+        assert store._read_zero_copy(store._plan(ids), len(ids), out, torch.device("cpu")) is out
+        assert bits(out).equal(bits(table[ids]))
         s = store.stats()
         assert s["zero_copy_batches"] == 2 and s["rows"] == 2 * len(ids) and s["reads"] > 0
 
@@ -390,11 +391,12 @@ def test_the_zero_copy_path_gathers_from_staging_what_the_copy_path_does(tmp_pat
 def test_the_zero_copy_path_steps_aside_where_it_cannot_serve(tmp_path, rng, engine):
     table = random_table(rng, 3000, 100, torch.float32)
     with _store(tmp_path, table, engine=engine, staging_bytes=4096) as store:  # a batch needs several rounds
-        assert store._read_zero_copy(np.arange(0, 3000, 7), None, torch.device("cpu")) is None
+        ids = np.arange(0, 3000, 7)
+        assert store._read_zero_copy(store._plan(ids), len(ids), None, torch.device("cpu")) is None
     raw = tmp_path / "raw.bin"
     raw.write_bytes(b"x" * 3 + table.numpy().tobytes())  # rows start 3 bytes in: not float-aligned
     with DiskStore(raw, dtype=torch.float32, shape=(3000, 100), offset=3, engine=engine) as store:
-        assert store._read_zero_copy(np.array([4, 1]), None, torch.device("cpu")) is None
+        assert store._read_zero_copy(store._plan(np.array([4, 1])), 2, None, torch.device("cpu")) is None
         assert torch.equal(store.read([4, 1]), table[[4, 1]])
 
 
@@ -403,5 +405,6 @@ def test_complex_rows_are_read_to_any_device_by_the_copy_path(tmp_path, rng, eng
     np.save(tmp_path / "c.npy", table.numpy())  # the writer refuses complex rows; DiskStore opens any .npy
     with DiskStore(tmp_path / "c.npy", engine=engine) as store:
         ids = np.array([3, 499, 3, 0])
-        assert store._read_zero_copy(ids, None, torch.device("cpu")) is None  # the tiered gather takes 1-8 bytes
+        # the tiered gather takes 1-8-byte elements
+        assert store._read_zero_copy(store._plan(ids), len(ids), None, torch.device("cpu")) is None
         assert torch.equal(store.read(ids), table[ids])
