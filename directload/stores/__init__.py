@@ -7,10 +7,10 @@
 dataset) as a disk store with checksums, and :func:`verify` checks them.
 """
 
-from .base import ClosedError, FeatureStore, ReadFuture, read_devices
+from .base import ClosedError, FeatureStore, ReadFuture, check_table, read_devices
 from .disk import DirectIOWarning, DiskStore, io_path
 from .disk_format import read_layout, verify, write_disk_store
 from .tensor import TensorStore
 
 __all__ = ["FeatureStore", "ReadFuture", "TensorStore", "DiskStore", "DirectIOWarning", "ClosedError",
-           "write_disk_store", "verify", "read_layout", "read_devices", "io_path"]
+           "write_disk_store", "verify", "read_layout", "read_devices", "check_table", "io_path"]

@@ -18,7 +18,7 @@ from directload.capabilities import usable_device
 from directload.kernels.devices import HOST, read_devices
 from directload.unified import ClosedError
 
-__all__ = ["FeatureStore", "ReadFuture", "read_devices", "ClosedError"]
+__all__ = ["FeatureStore", "ReadFuture", "read_devices", "check_table", "ClosedError"]
 
 
 class ReadFuture:
@@ -72,6 +72,16 @@ class ReadFuture:
             return True
         future = self._future
         return future is None or future.done()
+
+
+def check_table(what, table):
+    """Raise ``TypeError`` for an object that looks like a store (it has ``gather`` or ``read``) but is not
+    a :class:`FeatureStore`: the loaders take tensors (and arrays) or FeatureStores, nothing duck-typed."""
+    if isinstance(table, (torch.Tensor, np.ndarray, FeatureStore)):
+        return
+    if hasattr(table, "gather") or hasattr(table, "read"):
+        raise TypeError(f"{what} is a {type(table).__name__}, not a feature table: pass a tensor or a "
+                        "directload.stores.FeatureStore (subclass it, or wrap the rows in a TensorStore)")
 
 
 def _as_index(ids):

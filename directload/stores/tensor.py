@@ -14,9 +14,10 @@ __all__ = ["TensorStore"]
 
 
 def _gatherable(t):
-    """Whether directload's kernels take ``t`` as a table (else torch's ``index_select`` reads it)."""
-    return (t.dim() >= 1 and t.is_contiguous() and not t.requires_grad and t.element_size() in ELEMENT_SIZES
-            and not t.is_complex() and t.device.type in ("cpu", "cuda"))
+    """Whether directload's kernels take ``t`` as a table (else torch's ``index_select`` reads it, and a
+    tensor subclass keeps its own indexing)."""
+    return (type(t) is torch.Tensor and t.dim() >= 1 and t.is_contiguous() and not t.requires_grad
+            and t.element_size() in ELEMENT_SIZES and not t.is_complex() and t.device.type in ("cpu", "cuda"))
 
 
 class TensorStore(FeatureStore):
@@ -69,14 +70,14 @@ class TensorStore(FeatureStore):
 
     def _read_async(self, index, out, run_device, out_device):
         table = self.table
-        if is_unified(table):
-            table = table.check_backing() if run_device.type == "cpu" else table
+        host = table.check_backing() if is_unified(table) else table  # a unified tensor's plain host view
         # Non-blocking only towards a GPU (stream-ordered): a CPU gather must see the copied ids.
         index = index.to(run_device, non_blocking=run_device.type == "cuda")
-        direct = out if out is not None and out.device == run_device else None
-        if not _gatherable(table):
+        if not _gatherable(host):
             rows = table.index_select(0, index.to(table.device).long())
             return ReadFuture(result=_deliver(rows, out, out_device))
+        table = host if run_device.type == "cpu" else table
+        direct = out if out is not None and out.device == run_device else None
         future = gather_async(table, index, out=direct)
         if run_device.type == "cpu":  # a CPU gather has run when gather_async returns
             return ReadFuture(result=_deliver(future.wait(), out, out_device))

@@ -25,7 +25,7 @@ from dgl.storages import wrap_storage  # noqa: E402
 from dgl.utils import recursive_apply, recursive_apply_pair  # noqa: E402
 
 from directload.kernels.carriers import ELEMENT_SIZES  # noqa: E402
-from directload.stores import FeatureStore, TensorStore  # noqa: E402
+from directload.stores import FeatureStore, TensorStore, check_table  # noqa: E402
 
 __all__ = ["FeatureSource", "start_batch", "finish_batch", "input_ids", "announce", "can_gather"]
 
@@ -94,7 +94,7 @@ class FeatureSource:
         self.features = dict(features or {})
         for name, given in self.features.items():
             for table in (given.values() if isinstance(given, Mapping) else [given]):
-                _check_table(name, table)
+                check_table(f"features[{name!r}]", table)
 
     def table(self, key, ntype):
         """The table behind node field ``key`` of ``ntype`` now: ``features=``, else the graph's."""
@@ -129,14 +129,6 @@ class FeatureSource:
         except KeyError:
             return None
         return table if isinstance(table, FeatureStore) else None
-
-
-def _check_table(name, table):
-    if isinstance(table, (torch.Tensor, FeatureStore)):
-        return
-    if hasattr(table, "gather") or hasattr(table, "read"):
-        raise TypeError(f"features[{name!r}] is a {type(table).__name__}: a feature table is a tensor or a "
-                        "directload.stores.FeatureStore (subclass it, or wrap the rows in a TensorStore)")
 
 
 class _Pending:

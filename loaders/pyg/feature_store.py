@@ -4,9 +4,8 @@ import torch
 from torch_geometric.data import FeatureStore as _PygFeatureStore
 from torch_geometric.data import TensorAttr
 
-from directload.kernels.carriers import ELEMENT_SIZES
 from directload.stores import FeatureStore as _Store
-from directload.stores import TensorStore
+from directload.stores import TensorStore, check_table
 
 __all__ = ["FeatureStore"]
 
@@ -81,9 +80,7 @@ class FeatureStore(_PygFeatureStore):
             if isinstance(tensor, torch.Tensor) and tensor.dim() == 0:
                 raise ValueError(f"{key}: a feature table needs at least one dimension (rows)")
             if not isinstance(tensor, torch.Tensor) and not _is_store(tensor):
-                if hasattr(tensor, "gather") or hasattr(tensor, "read"):
-                    raise TypeError(f"{key}: a {type(tensor).__name__} is not a table; put a tensor, an array or "
-                                    "a directload.stores.FeatureStore (subclass it, or wrap rows in a TensorStore)")
+                check_table(str(key), tensor)
                 tensor = torch.as_tensor(tensor)
             self._tables[key] = tensor
             return True
@@ -140,18 +137,10 @@ class FeatureStore(_PygFeatureStore):
             return table.read_async(index, device=device).wait
         if index.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"index must be int32 or int64 node ids, got {index.dtype}")
-        host = table.check_backing() if getattr(table, "is_unified", False) else table
-        if not _gatherable(host):
-            rows = torch.index_select(table, 0, index.to(table.device))  # what PyG would do
-            return lambda: rows.to(device)
+        # Tables the kernels do not take (autograd, subclasses, odd dtypes) are read by torch's
+        # index_select inside the TensorStore, as PyG would read them.
         return TensorStore(table).read_async(index, device=device).wait
 
     def __repr__(self):
         names = ", ".join(f"{g}/{n}{tuple(t.shape)}" for (g, n), t in self._tables.items())
         return f"{type(self).__name__}({names})"
-
-
-def _gatherable(table):
-    """Whether directload's kernels take ``table`` (else torch's ``index_select`` serves it)."""
-    return (type(table) is torch.Tensor and not table.requires_grad and table.dim() >= 1
-            and table.element_size() in ELEMENT_SIZES and table.is_contiguous())
