@@ -22,15 +22,13 @@ from numba import njit, prange
 
 from directload.capabilities import capabilities
 
-from .api import _overlap, _span
-from .carriers import CARRIERS, ELEMENT_SIZES
+from .api import _CARRIER, _overlap, _span
 from .devices import MAPPED, memory_of
 from .indexing import tier_row
 
 __all__ = ["gather_tiered", "check_where", "flat_where"]
 
 _tier_row = njit(inline="always")(tier_row)
-_CARRIER = {size: getattr(torch, CARRIERS[size].torch) for size in ELEMENT_SIZES}
 
 
 def flat_where(offsets):
