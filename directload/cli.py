@@ -16,7 +16,8 @@ DESCRIPTION = ("directload: zero-copy GPU feature loading for mini-batch GNN tra
                "the frameworks' own loaders.  Everything also runs on a machine without a GPU.")
 
 _BENCH = {"gather": "gather_bandwidth.py", "alignment": "alignment_sweep.py", "unified": "unified_gather.py",
-          "loader": "loader_e2e.py", "gpu": "gpu_suite.py", "disk": "disk_read.py", "cache": "cache_policies.py"}
+          "loader": "loader_e2e.py", "gpu": "gpu_suite.py", "disk": "disk_read.py", "cache": "cache_policies.py",
+          "ooc": "out_of_core.py"}
 _SOURCE_TREE = Path(__file__).resolve().parent.parent
 
 
@@ -141,6 +142,15 @@ def _bench(args):
     return subprocess.call([sys.executable, str(path), *args.rest], env=os.environ.copy())
 
 
+def _size(text):
+    from directload.memcap import parse_size
+
+    try:
+        return 0 if str(text).strip() == "0" else parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_train_arguments(p):
     """Options shared by ``directload train`` and benchmarks/loader_e2e.py."""
     p.add_argument("--framework", choices=["dgl", "pyg"], default=_default_framework(),
@@ -165,10 +175,21 @@ def add_train_arguments(p):
     p.add_argument("--out", default=None,
                    help="directory for the JSON and PNG (default: benchmarks/results in a source checkout, "
                         "else directload-results)")
-    p.add_argument("--features", choices=["memory", "disk"], default="memory",
+    p.add_argument("--features", choices=["memory", "disk", "tiered"], default="memory",
                    help="memory: the memory-mapped feature table; disk: directload's loader reads the dataset's "
                         "disk store (io_uring, O_DIRECT; written on first use) while the framework's loader reads "
-                        "the memory-mapped .npy")
+                        "the memory-mapped .npy; tiered: directload reads through a GPU cache and a host cache "
+                        "(--gpu-cache, --host-cache) in front of that disk store")
+    p.add_argument("--gpu-cache", type=_size, default=0,
+                   help="bytes of the GPU cache with --features tiered, e.g. 512M (a host buffer where CUDA does "
+                        "not run)")
+    p.add_argument("--host-cache", type=_size, default=0,
+                   help="bytes of the host cache with --features tiered, e.g. 1G")
+    p.add_argument("--staging", type=_size, default=None,
+                   help="bytes of the host tier's read-ahead slots with --features tiered (default: a quarter of "
+                        "--host-cache, at least 64M)")
+    p.add_argument("--policy", default="lookahead", choices=["lookahead", "lru", "clock", "sieve", "s3fifo"],
+                   help="the caches' policy with --features tiered")
     p.add_argument("--eval-batch-size", type=_positive_int, default=4096,
                    help="seed nodes per evaluation mini-batch (a small host wants fewer: each batch's input rows "
                         "are gathered at once)")
@@ -228,7 +249,9 @@ def run_training(args, models, loaders, seeds, name):
                        lr=args.lr, batch_size=args.batch_size, layers=layers, fanouts=fanouts,
                        framework=args.framework, loader="directload", features=features,
                        eval_nodes=getattr(args, "eval_nodes", 0),
-                       eval_batch_size=getattr(args, "eval_batch_size", 4096))
+                       eval_batch_size=getattr(args, "eval_batch_size", 4096),
+                       gpu_cache=getattr(args, "gpu_cache", 0), host_cache=getattr(args, "host_cache", 0),
+                       staging=getattr(args, "staging", None), policy=getattr(args, "policy", "lookahead"))
     rows = compare(dataset, base, models=models, loaders=loaders, seeds=seeds, progress=not args.no_progress)
     meta = {"dataset": args.dataset, "framework": args.framework, "device": str(device), "nodes": dataset.num_nodes,
             "edges": dataset.num_edges, "feats": int(dataset.feat.shape[1]), "epochs": args.epochs,
@@ -249,7 +272,7 @@ def _feature_files(args, features):
 
     base = dataset_dir(args.root, args.dataset)
     npy = base / "raw" / FEATURE_FILE
-    if features != "disk":
+    if features == "memory":
         return [npy] if npy.exists() else []
     if not npy.exists():
         npy = convert(args.root, args.dataset)  # features inside OGB's archive: write the .npy first
@@ -266,7 +289,7 @@ def _train(args):
     if args.loader in ("dgl", "pyg") and args.loader != args.framework:
         raise ValueError(f"--loader {args.loader} is {args.loader}'s own loader, but --framework is {args.framework}")
     loaders = [args.framework, "directload"] if args.loader == "both" else [args.loader]
-    dataset = args.dataset + ("-disk" if args.features == "disk" else "")
+    dataset = args.dataset + ("" if args.features == "memory" else f"-{args.features}")
     return run_training(args, models, loaders, range(args.seeds), report_name("train", dataset, models, loaders))
 
 

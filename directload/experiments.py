@@ -73,6 +73,10 @@ def summarize(rows):
         ios = [e["io"] for r in rs for e in r["epochs"][1:] or r["epochs"] if e.get("io")]
         if ios:  # the disk store's counters over the steady epochs
             row["disk"] = {key: statistics.median(io[key] for io in ios) for key in ios[0]}
+        tiers = [e["tiers"] for r in rs for e in r["epochs"][1:] or r["epochs"] if e.get("tiers")]
+        if tiers:  # each cache tier's counters over the steady epochs
+            row["tiers"] = {name: {k: statistics.median(float(t[name][k]) for t in tiers) for k in tiers[0][name]}
+                            for name in tiers[0] if name != "disk"}
         row["valid_acc_pct"] = 100 * statistics.mean(r["valid_acc"] for r in rs)
         row["test_acc_pct"] = 100 * statistics.mean(r["test_acc"] for r in rs)
         ref = {r["seed"]: r for r in rows if r["model"] == model and r["loader"] in STOCK}
@@ -149,6 +153,11 @@ def print_summary(summary, meta):
             print(f"{r['model']}/{r['loader']} disk store per steady epoch: {d['reads']:.0f} reads, "
                   f"{d['bytes_read'] / 1e9:.3f} GB read (amplification {d['read_amplification']:.2f}), "
                   f"{d['iops']:.0f} IOPS, {d['gb_per_s']:.3f} GB/s, {d['cpu_us_per_read']:.2f} CPU us/read")
+        for name, t in (r.get("tiers") or {}).items():
+            print(f"{r['model']}/{r['loader']} {name} tier per steady epoch: hit rate {t['hit_rate']:.3f} "
+                  f"(with rows read ahead {t['slot_rate']:.3f}), {t['fallback_bytes'] / 1e9:.3f} GB from below, "
+                  f"{t['forwarded_bytes'] / 1e9:.3f} GB forwarded, read {t['read_s']:.2f} s (waiting on the tier "
+                  f"below {t['fallback_s']:.2f} s, policy {t['policy_s']:.2f} s)")
 
 
 def _plot(summary, path, meta):

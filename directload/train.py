@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 __all__ = ["TrainConfig", "EpochStats", "RunResult", "train", "evaluate", "TimedTable", "resolve_depth",
-           "disk_store", "memmap_features", "DEFAULT_FANOUTS", "FRAMEWORKS"]
+           "disk_store", "feature_store", "memmap_features", "FEATURE_MODES", "DEFAULT_FANOUTS", "FRAMEWORKS"]
 
 #: Frameworks a run may use, and the name of each one's own loader in reports.
 FRAMEWORKS = ("dgl", "pyg")
@@ -86,6 +86,10 @@ class TrainConfig:
     lookahead: int = 4
     features: str = "memory"
     eval_nodes: int = 0
+    gpu_cache: int = 0
+    host_cache: int = 0
+    staging: int = None
+    policy: str = "lookahead"
 
     def __post_init__(self):
         if self.model not in ("sage", "gat"):
@@ -101,8 +105,18 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
-        if self.features not in ("memory", "disk"):
-            raise ValueError(f"features must be 'memory' or 'disk', got {self.features!r}")
+        if self.features not in FEATURE_MODES:
+            raise ValueError(f"features must be one of {FEATURE_MODES}, got {self.features!r}")
+        for name in ("gpu_cache", "host_cache"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int) \
+                    or getattr(self, name) < 0:
+                raise ValueError(f"{name} must be a number of bytes >= 0, got {getattr(self, name)!r}")
+        if self.staging is not None and (not isinstance(self.staging, int) or self.staging < 0):
+            raise ValueError(f"staging must be a number of bytes >= 0 or None, got {self.staging!r}")
+        from directload.stores.cache import POLICY_NAMES
+
+        if self.policy not in POLICY_NAMES:
+            raise ValueError(f"policy must be one of {POLICY_NAMES}, got {self.policy!r}")
         if self.eval_nodes < 0:
             raise ValueError(f"eval_nodes must be >= 0 (0: every node of the split), got {self.eval_nodes}")
         if not self.lr > 0:
@@ -138,6 +152,7 @@ class EpochStats:
     loss: float
     valid_acc: float = float("nan")
     io: dict = None
+    tiers: dict = None
 
 
 @dataclass
@@ -181,6 +196,39 @@ def _seed(fw, seed):
 
 DISK_FILE = "disk/node-feat.npy"
 _IO_KEYS = ("reads", "bytes_read", "read_amplification", "iops", "gb_per_s", "cpu_us_per_read", "io_seconds")
+_TIER_KEYS = ("hit_rate", "slot_rate", "hit_rows", "staged_rows", "miss_rows", "prefetched_rows", "forwarded_bytes",
+              "fallback_bytes", "passthrough", "read_s", "wait_s", "fallback_s", "policy_s")
+#: Where directload's loader reads features: the dataset's table, its disk store, or tiers over the disk.
+FEATURE_MODES = ("memory", "disk", "tiered")
+
+
+def feature_store(dataset, cfg):
+    """The store directload's loader reads features from for ``cfg``, or None (the table in memory):
+    the disk store (``features="disk"``), or a :class:`~directload.stores.TieredStore` over it
+    (``features="tiered"``, with ``cfg``'s cache budgets and policy), opened once per run."""
+    if cfg.features == "memory" or cfg.loader != "directload":
+        return None
+    disk = disk_store(dataset)
+    if cfg.features == "disk":
+        return disk
+    store = getattr(dataset, "_tiered_store", None)
+    if store is None or store.closed:
+        from directload.stores import TieredStore
+
+        device = torch.device(cfg.device)
+        store = TieredStore(disk, gpu_bytes=cfg.gpu_cache, host_bytes=cfg.host_cache, staging_bytes=cfg.staging,
+                            policy=cfg.policy, device=device if device.type == "cuda" else None)
+        dataset._tiered_store = store
+    return store
+
+
+def _tier_stats(store):
+    """Per tier, the epoch's counters that the report keeps."""
+    out = {}
+    for name, s in store.stats().items():
+        keys = _IO_KEYS if name == "disk" else _TIER_KEYS
+        out[name] = {k: s[k] for k in keys if k in s}
+    return out
 
 
 def disk_store(dataset):
@@ -258,7 +306,18 @@ def train(dataset, cfg, *, progress=True, evaluate_each_epoch=False):
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     result = RunResult(config=asdict(cfg))
     loader = fw.make_loader(cfg, dataset, dataset.split["train"], cfg.batch_size, True)
-    store = disk_store(dataset) if cfg.features == "disk" and cfg.loader == "directload" else None
+    store = feature_store(dataset, cfg)
+    try:
+        _epochs(dataset, cfg, fw, model, opt, loader, store, result, progress, evaluate_each_epoch)
+        result.valid_acc = evaluate(model, cfg, dataset, dataset.split["valid"], fw=fw)
+        result.test_acc = evaluate(model, cfg, dataset, dataset.split["test"], fw=fw)
+    finally:
+        if cfg.features == "tiered" and store is not None:
+            store.close()  # the next run starts cold, as this one did
+    return result
+
+
+def _epochs(dataset, cfg, fw, model, opt, loader, store, result, progress, evaluate_each_epoch):
     for epoch in range(cfg.epochs):
         TimedTable.seconds = 0.0
         if store is not None:
@@ -294,12 +353,12 @@ def train(dataset, cfg, *, progress=True, evaluate_each_epoch=False):
             gather_s = TimedTable.seconds
             sample_s = wait_s - gather_s  # the rest of next() is sampling (and batch assembly)
         stats = EpochStats(epoch, epoch_s, sample_s, gather_s, train_s, wait_s, len(losses), float(np.mean(losses)))
-        if store is not None:
+        if store is not None and cfg.features == "disk":
             io = store.stats()
             stats.io = {key: io[key] for key in _IO_KEYS}
+        elif store is not None:
+            stats.tiers = _tier_stats(store)
+            stats.io = stats.tiers["disk"]
         if evaluate_each_epoch:
             stats.valid_acc = evaluate(model, cfg, dataset, dataset.split["valid"], fw=fw)
         result.epochs.append(stats)
-    result.valid_acc = evaluate(model, cfg, dataset, dataset.split["valid"], fw=fw)
-    result.test_acc = evaluate(model, cfg, dataset, dataset.split["test"], fw=fw)
-    return result

@@ -10,7 +10,7 @@ import dgl.nn as dglnn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from .train import TimedTable, disk_store, memmap_features  # noqa: E402
+from .train import TimedTable, feature_store, memmap_features  # noqa: E402
 
 __all__ = ["SAGE", "GAT", "build_model", "make_loader", "epoch", "forward", "seed"]
 
@@ -72,14 +72,15 @@ def make_loader(cfg, dataset, ids, batch_size, shuffle):
                                               prefetch_labels=["label"])
     kw = dict(device=cfg.device, batch_size=batch_size, shuffle=shuffle, drop_last=False, num_workers=cfg.num_workers)
     if cfg.loader == "dgl":
-        if cfg.features == "disk":  # the baseline out of core: DGL's loader over np.memmap
+        if cfg.features != "memory":  # the baseline out of core: DGL's loader over np.memmap
             feat = memmap_features(dataset)
         graph.ndata["feat"] = (feat.host if getattr(feat, "is_unified", False) else feat).as_subclass(TimedTable)
         return dgl.dataloading.DataLoader(graph, ids, sampler, **kw)
     from directload.loaders.dgl import DataLoader
 
     graph.ndata["feat"] = feat
-    features = {"feat": disk_store(dataset)} if cfg.features == "disk" else None
+    store = feature_store(dataset, cfg)
+    features = {"feat": store} if store is not None else None
     return DataLoader(graph, ids, sampler, lookahead=cfg.lookahead, features=features, **kw)
 
 

@@ -8,7 +8,7 @@ from torch_geometric.loader import NeighborLoader as PygNeighborLoader
 from torch_geometric.nn import GATConv, SAGEConv
 from torch_geometric.utils import trim_to_layer
 
-from .train import TimedTable, disk_store, memmap_features
+from .train import TimedTable, feature_store, memmap_features
 
 __all__ = ["SAGE", "GAT", "build_model", "make_loader", "epoch", "forward", "seed", "num_neighbors", "hop_counts"]
 
@@ -116,16 +116,17 @@ def make_loader(cfg, dataset, ids, batch_size, shuffle):
     kw = dict(num_neighbors=num_neighbors(cfg.fanouts), input_nodes=ids, batch_size=batch_size, shuffle=shuffle,
               num_workers=cfg.num_workers)
     if cfg.loader == "pyg":
-        if cfg.features == "disk":  # the baseline out of core: PyG's loader over np.memmap
+        if cfg.features != "memory":  # the baseline out of core: PyG's loader over np.memmap
             feat = memmap_features(dataset)
         plain = (feat.host if getattr(feat, "is_unified", False) else feat).as_subclass(TimedTable)
         data = Data(x=plain, y=dataset.labels, edge_index=dataset.edge_index, num_nodes=dataset.num_nodes)
         return PygNeighborLoader(data, **kw)
     from directload.loaders.pyg import NeighborLoader, stores_from
 
-    if cfg.features == "disk":  # the features from the disk store, the rest from the dataset
+    store = feature_store(dataset, cfg)
+    if store is not None:  # the features from the disk store (or tiers over it), the rest from the dataset
         fs, gs = stores_from(dataset.to_pyg())
-        fs.put_tensor(disk_store(dataset), group_name=None, attr_name="x", index=None)
+        fs.put_tensor(store, group_name=None, attr_name="x", index=None)
         return NeighborLoader((fs, gs), lookahead=cfg.lookahead, **kw)
     return NeighborLoader(dataset.to_pyg(), lookahead=cfg.lookahead, **kw)
 

@@ -200,6 +200,23 @@ class FeatureStore:
         """The loaders' protocol: ``read(ids, device=device)``."""
         return self.read(ids, device=device)
 
+    def _stage(self, rows, take):
+        """The rows at ``rows`` (distinct, in range, int64 numpy) as a flat tier for a cache's fused gather:
+        ``(flat, offsets)``, a 1-D tensor of this store's dtype in host memory and each row's element
+        offset in it.  ``take(nbytes)`` gives a buffer the caller owns (page-aligned, pinned where CUDA
+        runs) that stays untouched until the caller's gather is done.
+
+        The default reads the rows into that buffer; stores whose rows already sit in host memory (a
+        tensor) or that land them there anyway (a disk's staging) override it to skip the copy.
+        """
+        n, rnb = rows.shape[0], self.row_nbytes
+        row_elems = int(np.prod(self.row_shape, dtype=np.int64))
+        if not n * rnb:
+            return torch.zeros(0, dtype=self.dtype), np.zeros(n, np.int64)
+        buf = torch.from_numpy(take(n * rnb)[:n * rnb]).view(self.dtype)
+        self.read(torch.from_numpy(rows), out=buf.view(n, *self.row_shape), device="cpu")
+        return buf, np.arange(n, dtype=np.int64) * row_elems
+
     def prefetch(self, ids):
         """A hint that ``ids`` will be read soon (the loaders call it with each batch's ids ahead).
 

@@ -316,6 +316,29 @@ class DiskStore(FeatureStore):
         self._count_batch(n, zero_copy=True)
         return result
 
+    def _stage(self, rows, take):
+        """Read ``rows`` into the caller's buffer (block-aligned reads, one round) and give the rows'
+        element offsets there: a cache's fused gather reads them in place.  The copy path where the rows
+        are off their element grid or the reads need several rounds."""
+        self._check_open()
+        self._this_process()
+        elem = torch.empty(0, dtype=self.dtype).element_size()
+        if rows.size and self.row_nbytes and elem in ELEMENT_SIZES and not self._layout.data_offset % elem:
+            got = self._worker.submit(self._stage_rows, rows, take, elem).result()
+            if got is not None:
+                return got
+        return super()._stage(rows, take)
+
+    def _stage_rows(self, rows, take, elem):
+        p = self._plan(rows)
+        if p.total > p.chunk:
+            return None
+        staging = take(p.total)
+        self._read_round(p, 0, p.offsets.shape[0], staging)
+        self._count_reads(p)
+        self._count_batch(rows.shape[0])
+        return torch.from_numpy(staging[:p.total]).view(self.dtype), p.row_pos // elem
+
     def _plan(self, ids):
         """The reads of a batch: unique rows, block-aligned merged reads and each row's place in staging."""
         rows, inverse = np.unique(ids, return_inverse=True)

@@ -86,6 +86,15 @@ class TensorStore(FeatureStore):
         return ReadFuture(lambda: _deliver(future.wait(), out, out_device), done=future.done)
 
 
+    def _stage(self, rows, take):
+        host = self.table.check_backing() if is_unified(self.table) else self.table
+        if _gatherable(host) and not host.is_cuda and host.numel():
+            # rows in host memory already: the table itself is the flat tier, no copy
+            row_elems = int(np.prod(self.row_shape, dtype=np.int64))
+            return host.view(-1), rows.astype(np.int64, copy=False) * row_elems
+        return super()._stage(rows, take)
+
+
 def _deliver(rows, out, device):
     """``rows`` on ``device``, written into ``out`` when given."""
     if out is not None:

@@ -60,3 +60,16 @@ def test_training_plot_keeps_its_legend_off_the_bars_and_names_the_accuracy(monk
         assert not legend.overlaps(text.get_window_extent(renderer))
     assert not legend.overlaps(ax.get_window_extent(renderer))  # below the axes, not over bars or labels
     assert "steady epoch" in ax.get_ylabel()
+
+
+def test_out_of_core_plot_shows_every_configuration_against_the_ideal(captured, monkeypatch):
+    ooc = importlib.import_module("out_of_core")
+    monkeypatch.setattr(ooc, "save_figure", lambda fig, path: captured.append(fig))
+    rows = [{"config": "in memory", "first s": 2.0, "steady s": 0.6, "% of ideal": 100.0},
+            {"config": "DiskStore", "first s": 2.4, "steady s": 1.2, "% of ideal": 50.0},
+            {"config": "broken", "first s": "failed"}]
+    ooc.plot(rows, None, type("A", (), {"dataset": "synth-ooc", "host_frac": 0.25, "headroom": "1.5G"})())
+    ideal, epochs = captured[0].axes[:2]
+    assert [p.get_height() for p in ideal.patches] == [100.0, 50.0]  # the failed run is left out, not drawn as 0
+    assert [t.get_text() for t in ideal.get_xticklabels()] == ["in memory", "DiskStore"]
+    assert epochs.get_yscale() == "log" and len(epochs.patches) == 4

@@ -35,6 +35,43 @@ def test_train_with_features_on_disk_against_the_frameworks_loader(tmp_path, fra
     assert verify(store, progress=False)["bad_chunks"] == []
 
 
+@pytest.mark.ogb
+@pytest.mark.parametrize("framework", frameworks())
+def test_train_through_tiers_reports_each_tier_and_learns_as_the_frameworks_loader(tmp_path, framework, capsys):
+    args = ["train", "--framework", framework, "--dataset", "synth-tiny", "--root", str(tmp_path), "--features",
+            "tiered", "--host-cache", "200K", "--gpu-cache", "50K", "--staging", "100K", "--epochs", "2",
+            "--fanouts", "4", "4", "--batch-size", "256", "--eval-nodes", "300", "--no-progress",
+            "--out", str(tmp_path / "out")]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "host tier per steady epoch" in printed and "device tier per steady epoch" in printed
+    report = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
+    runs = {r["loader"]: r for r in report["runs"]}
+    assert report["meta"]["features"] == "tiered"
+    assert runs["directload"]["config"]["host_cache"] == 200 << 10
+    for epoch in runs["directload"]["epochs"]:
+        tiers = epoch["tiers"]
+        assert set(tiers) == {"device", "host", "disk"}
+        host = tiers["host"]
+        assert 0 <= host["hit_rate"] <= host["slot_rate"] <= 1 and host["read_s"] > 0
+        assert tiers["device"]["hit_rows"] + tiers["device"]["miss_rows"] > 0
+    # the second epoch finds rows the first one cached
+    assert runs["directload"]["epochs"][1]["tiers"]["host"]["hit_rows"] > 0
+    assert abs(runs["directload"]["test_acc"] - runs[framework]["test_acc"]) < 0.08
+
+
+def test_tiered_options_are_checked_before_any_work(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--root", str(tmp_path), "--features", "tiered", "--host-cache", "lots", "--no-progress"])
+    assert "not a size" in capsys.readouterr().err and not list(tmp_path.iterdir())
+    from directload.train import TrainConfig
+
+    for bad in (dict(host_cache=-1), dict(gpu_cache=1.5), dict(policy="fifo"), dict(staging=-3),
+                dict(features="ssd")):
+        with pytest.raises(ValueError):
+            TrainConfig(**bad)
+
+
 def test_sizes_parse_and_nonsense_is_refused():
     assert parse_size("2G") == 2 << 30 and parse_size("1.5 GiB") == 3 << 29 and parse_size("10") == 10
     for bad in ("", "G", "-1G", "1.5X", "0"):

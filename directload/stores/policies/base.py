@@ -17,6 +17,7 @@ class Policy:
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 0:
             raise ValueError(f"capacity must be an integer >= 0 (rows), got {capacity!r}")
         self.capacity = int(capacity)
+        self._evicted = []  # rows evicted since take_evicted(): ints, or arrays of them
 
     def access(self, ids):
         """One batch's distinct row ids: returns a bool array, True where the row was cached (a hit).
@@ -29,6 +30,25 @@ class Policy:
         if np.unique(ids).shape[0] != ids.shape[0]:
             raise ValueError("ids of one batch must be distinct (a batch reads each row once)")
         return self._access(ids.astype(np.int64, copy=False))
+
+    def access_distinct(self, ids):
+        """:meth:`access` for ids known to be distinct int64 (a cache's ``np.unique`` made them so):
+        the same answer, without checking them again."""
+        return self._access(ids)
+
+    def take_evicted(self):
+        """The rows evicted since the last call (int64 array): a cache frees their slots.  A row admitted
+        and evicted within one batch may be listed; it never held a slot."""
+        gone = self._evicted
+        self._evicted = []
+        if not gone:
+            return np.empty(0, np.int64)
+        return np.concatenate([np.atleast_1d(np.asarray(g, np.int64)) for g in gone])
+
+    def contains(self, ids):
+        """Whether each row of ``ids`` (int64 array) is cached now."""
+        rows = self.cached()
+        return np.fromiter((r in rows for r in ids.tolist()), bool, len(ids))
 
     def see(self, batch_index, window):
         """A hint: batch ``batch_index`` comes next, then the batches in ``window`` (a list of id arrays,
@@ -62,6 +82,7 @@ def simulate(policy, batches, *, lookahead=0, measure_from=0):
             fetched_before = getattr(policy, "fetched_bytes", None)
         policy.see(i, batches[i:] if lookahead is None else batches[i:i + 1 + lookahead])
         got = policy.access(batch)
+        policy.take_evicted()  # a cache frees slots with them; the simulator has none
         if i >= measure_from:
             hits += int(got.sum())
             accesses += batch.shape[0]

@@ -29,10 +29,15 @@ class Clock(Policy):
                 old = self._rows[self._hand]
                 if old is not None:
                     del self._slot[old]
+                    self._evicted.append(old)
                 self._rows[self._hand], self._ref[self._hand] = r, False
                 self._slot[r] = self._hand
                 self._hand = (self._hand + 1) % self.capacity
         return hit
+
+    def contains(self, ids):
+        rows = self._slot
+        return np.fromiter((r in rows for r in ids.tolist()), bool, len(ids))
 
     def cached(self):
         return set(self._slot)

@@ -3,19 +3,28 @@
 Before each batch the loader shows the policy that batch and the next ones (:meth:`LookAhead.see`).  A
 batch's hits are the rows it reads that were cached; then the cache keeps, out of what it held and what the
 batch read, the ``capacity`` rows whose next use is nearest.  Rows with no use in the window come last,
-most recently used first among them.  Choosing over the whole batch at once, not miss by miss, is what
-makes it exact: a greedy per-miss choice keeps a far row admitted early over a nearer one met later.
-With the whole epoch as the window this is Belady's optimum for a cache that fills on demand
-(:func:`belady`).
-"""
+most recently used first among them (so with no window at all it is LRU at batch granularity).  Choosing
+over the whole batch at once, not miss by miss, is what makes it exact: a greedy per-miss choice keeps a
+far row admitted early over a nearer one met later.  With the whole epoch as the window this is Belady's
+optimum for a cache that fills on demand (:func:`belady`).
 
-from collections import OrderedDict
+The bookkeeping is dense arrays indexed by row id (grown to the largest id seen), so one batch costs a few
+vectorised passes over the batch, the window and the cached rows: a cache can run it at every batch.
+"""
 
 import numpy as np
 
 from .base import Policy
 
-_NEVER = float("inf")
+_UNKNOWN = np.int64(1) << 62  # keys of rows with no known next use start here
+
+
+def _grown(a, n, fill):
+    if a.shape[0] >= n:
+        return a
+    b = np.full(max(n, 2 * a.shape[0]), fill, a.dtype)
+    b[:a.shape[0]] = a
+    return b
 
 
 class LookAhead(Policy):
@@ -24,37 +33,63 @@ class LookAhead(Policy):
     def __init__(self, capacity, window=None):
         super().__init__(capacity)
         self.window = window  # batches ahead it expects (None: it takes whatever see() shows)
-        self._rows = OrderedDict()  # row -> None, least recently used first
-        self._next = {}
-        self._now = 0
+        self._held = np.empty(0, np.int64)  # the cached rows
+        self._in = np.zeros(0, bool)  # row -> cached
+        self._next = np.zeros(0, np.int64)  # row -> index of its next known use (valid when > now)
+        self._last = np.zeros(0, np.int64)  # row -> when it was last used (batch tick << 32 | position)
+        self._now = -1
+        self._tick = 0
+
+    def _grow(self, n):
+        self._in = _grown(self._in, n, False)
+        self._next = _grown(self._next, n, -1)
+        self._last = _grown(self._last, n, 0)
 
     def see(self, batch_index, window):
-        nxt = {}
-        for j in range(len(window) - 1, 0, -1):  # the nearest future use wins
-            for r in np.asarray(window[j], np.int64).tolist():
-                nxt[r] = batch_index + j
-        self._next, self._now = nxt, batch_index
+        if batch_index < self._now:  # a new sequence of batches (indices start again): forget old plans
+            self._next[:] = -1
+        self._now = batch_index
+        later = [np.asarray(w, np.int64) for w in window[1:]]
+        top = max((int(w.max()) for w in later if w.size), default=-1)
+        self._grow(top + 1)
+        for j in range(len(later), 0, -1):  # nearest use written last, so it wins
+            self._next[later[j - 1]] = batch_index + j
 
     def _access(self, ids):
-        rows = self._rows
-        hit = np.fromiter((r in rows for r in ids.tolist()), bool, ids.shape[0])
+        if ids.size:
+            self._grow(int(ids.max()) + 1)
+        hit = self._in[ids]
         if not self.capacity:
             return hit
-        for r in ids.tolist():  # the batch's rows are now the most recently used
-            rows.pop(r, None)
-            rows[r] = None
-        if len(rows) > self.capacity:
-            order = list(rows)  # least recently used first
-            nxt = self._next
-            keys = np.array([nxt.get(r, _NEVER) for r in order])
-            # nearest next use first; among equal uses (never seen in the window), most recent first
-            keep = np.lexsort((-np.arange(len(order)), keys))[:self.capacity]
-            kept = set(np.asarray(order, dtype=np.int64)[keep].tolist())
-            self._rows = OrderedDict((r, None) for r in order if r in kept)
+        self._last[ids] = (np.int64(self._tick) << 32) + np.arange(ids.shape[0], dtype=np.int64)
+        self._tick += 1
+        miss = ids[~hit]
+        cand = np.concatenate([self._held, miss])
+        if cand.shape[0] > self.capacity:
+            nxt = self._next[cand]
+            # nearest next use first; rows with none after it, most recently used first
+            key = np.where(nxt > self._now, nxt, _UNKNOWN - (self._last[cand] >> 1))
+            keep = np.zeros(cand.shape[0], bool)
+            keep[np.argpartition(key, self.capacity - 1)[:self.capacity]] = True
+            held = self._held.shape[0]
+            gone = self._held[~keep[:held]]
+            self._in[gone] = False
+            self._evicted.append(gone)
+            miss = miss[keep[held:]]
+            cand = cand[keep]
+        self._in[miss] = True
+        self._held = cand
         return hit
 
+    def contains(self, ids):
+        ids = np.asarray(ids, np.int64)
+        ok = ids < self._in.shape[0]
+        out = np.zeros(ids.shape[0], bool)
+        out[ok] = self._in[ids[ok]]
+        return out
+
     def cached(self):
-        return set(self._rows)
+        return set(self._held.tolist())
 
 
 def belady(capacity):

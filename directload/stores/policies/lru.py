@@ -23,9 +23,13 @@ class LRU(Policy):
                 hit[k] = True
             elif self.capacity:
                 if len(rows) >= self.capacity:
-                    rows.popitem(last=False)
+                    self._evicted.append(rows.popitem(last=False)[0])
                 rows[r] = None
         return hit
+
+    def contains(self, ids):
+        rows = self._rows
+        return np.fromiter((r in rows for r in ids.tolist()), bool, len(ids))
 
     def cached(self):
         return set(self._rows)

@@ -39,6 +39,7 @@ class S3FIFO(Policy):
                     self._evict_main()
                 return
             del self._freq[r]
+            self._evicted.append(r)
             self._ghost[r] = None
             while len(self._ghost) > max(self._main_cap, 1):
                 self._ghost.popitem(last=False)
@@ -53,6 +54,7 @@ class S3FIFO(Policy):
                 self._main.append(r)
             else:
                 del self._freq[r]
+                self._evicted.append(r)
                 return
 
     def _access(self, ids):
@@ -65,6 +67,10 @@ class S3FIFO(Policy):
             elif self.capacity:
                 self._insert(r)
         return hit
+
+    def contains(self, ids):
+        rows = self._freq
+        return np.fromiter((r in rows for r in ids.tolist()), bool, len(ids))
 
     def cached(self):
         return set(self._freq)

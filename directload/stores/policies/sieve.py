@@ -24,6 +24,7 @@ class Sieve(Policy):
         self._hand = self._newer[r]  # the next candidate, towards the head (None: start at the tail again)
         newer, older = self._newer.pop(r), self._older.pop(r)
         del self._visited[r]
+        self._evicted.append(r)
         if older is not None:
             self._newer[older] = newer
         else:
@@ -50,6 +51,10 @@ class Sieve(Policy):
                 if self._tail is None:
                     self._tail = r
         return hit
+
+    def contains(self, ids):
+        rows = self._visited
+        return np.fromiter((r in rows for r in ids.tolist()), bool, len(ids))
 
     def cached(self):
         return set(self._visited)

@@ -23,6 +23,9 @@ class Static(Policy):
         rows = self._rows
         return np.fromiter((r in rows for r in ids.tolist()), bool, ids.shape[0])
 
+    def contains(self, ids):
+        return self._access(ids)
+
     def cached(self):
         return set(self._rows)
 

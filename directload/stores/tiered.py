@@ -1,0 +1,119 @@
+"""``TieredStore``: device cache -> host cache -> disk, built from one call with byte budgets."""
+
+import os
+
+from .base import FeatureStore
+from .cache import DeviceCache, HostCache
+from .disk import DiskStore
+
+__all__ = ["TieredStore", "tiered"]
+
+
+class TieredStore(FeatureStore):
+    """A GPU cache in front of a host cache in front of a store (a ``.npy`` file read by a
+    :class:`~directload.stores.DiskStore`, or any FeatureStore), each tier present when its budget is.
+
+    Parameters
+    ----------
+    source : str, os.PathLike or FeatureStore
+        A path opens a DiskStore (with ``disk_options``), which the tiered store owns and closes;
+        a store is used as it is and left open.
+    gpu_bytes : int
+        Bytes of the :class:`~directload.stores.DeviceCache` (0: none).  Where CUDA does not run its
+        slots live in host memory, so the whole chain works on any machine.
+    host_bytes : int
+        Bytes of the :class:`~directload.stores.HostCache` (0: none).
+    staging_bytes : int, optional
+        Bytes of the host tier's read-ahead slots; default a quarter of ``host_bytes`` (at least
+        64 MiB when there is a host tier).  Rows of announced batches are read into them ahead.
+    policy : str, Policy or callable
+        Each cache's policy (default ``"lookahead"``); a callable ``capacity -> Policy`` is called per
+        tier.
+    device : torch.device, optional
+        The GPU of the device cache.
+
+    ``tiers`` lists the stores top first; :meth:`stats` gives each tier's counters by name
+    (``"device"``, ``"host"``, ``"disk"``).
+    """
+
+    def __init__(self, source, *, gpu_bytes=0, host_bytes=0, staging_bytes=None, policy="lookahead", device=None,
+                 **disk_options):
+        super().__init__()
+        if isinstance(source, FeatureStore):
+            if disk_options:
+                raise TypeError(f"disk options {sorted(disk_options)} apply to a path, not to a given store")
+            base, self._owned = source, None
+        elif isinstance(source, (str, os.PathLike)):
+            base = self._owned = DiskStore(source, **disk_options)
+        else:
+            raise TypeError(f"source must be a path or a FeatureStore, not {type(source).__name__}")
+        if staging_bytes is None:
+            staging_bytes = max(host_bytes // 4, 64 << 20) if host_bytes else 0
+        chain = [base]
+        try:
+            if host_bytes or staging_bytes:
+                chain.append(HostCache(base, host_bytes, policy, staging_bytes=staging_bytes))
+            if gpu_bytes:
+                chain.append(DeviceCache(chain[-1], gpu_bytes, policy, device=device))
+        except BaseException:
+            for store in chain[1:][::-1]:
+                store.close()
+            if self._owned is not None:
+                self._owned.close()
+            raise
+        self.tiers = chain[::-1]
+        self.top = chain[-1]
+
+    @property
+    def num_rows(self):
+        return self.top.num_rows
+
+    @property
+    def row_shape(self):
+        return self.top.row_shape
+
+    @property
+    def dtype(self):
+        return self.top.dtype
+
+    @property
+    def memory(self):
+        return self.top.memory
+
+    def _read_async(self, index, out, run_device, out_device):
+        return self.top._read_async(index, out, run_device, out_device)
+
+    def _stage(self, rows, take):
+        return self.top._stage(rows, take)
+
+    def prefetch(self, ids):
+        self._check_open()
+        self.top.prefetch(ids)
+
+    def stats(self):
+        """``{tier name: that tier's counters}``, top first (a disk's under ``"disk"``)."""
+        out = {}
+        for store in self.tiers:
+            name = getattr(store, "tier", "disk" if isinstance(store, DiskStore) else type(store).__name__)
+            out[name] = store.stats() if hasattr(store, "stats") else {}
+        return out
+
+    def reset_stats(self):
+        for store in self.tiers:
+            if hasattr(store, "reset_stats"):
+                store.reset_stats()
+
+    def _close(self):
+        for store in self.tiers[:-1]:
+            store.close()
+        if self._owned is not None:
+            self._owned.close()
+
+    def __repr__(self):
+        state = ", closed" if self._closed else ""
+        return f"TieredStore({' -> '.join(type(s).__name__ for s in self.tiers)}{state})"
+
+
+def tiered(source, *, gpu_bytes=0, host_bytes=0, **options):
+    """``TieredStore(source, gpu_bytes=..., host_bytes=..., **options)``."""
+    return TieredStore(source, gpu_bytes=gpu_bytes, host_bytes=host_bytes, **options)

@@ -1,0 +1,312 @@
+"""Caches and tiers: bit-identical rows under every configuration, counters that add up, read-ahead that
+never reads a row twice, no deadlock at any size, and closes that never hang."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from conftest import bits, random_table
+
+from directload.stores import (
+    ClosedError,
+    DeviceCache,
+    DiskStore,
+    FeatureStore,
+    HostCache,
+    TensorStore,
+    TieredStore,
+    tiered,
+    write_disk_store,
+)
+from directload.stores.cache import POLICY_NAMES
+from directload.stores.policies import LRU, degree
+
+
+def _batches(rng, rows, n, size, a=1.3):
+    """Power-law batches (with repeats inside a batch, as sampled input nodes have none, but reads may)."""
+    return [(np.minimum(rng.zipf(a, size), rows) - 1 + rng.integers(0, 3, size)) % rows for _ in range(n)]
+
+
+def _drive(store, batches, lookahead):
+    """Read ``batches`` as a loader does: announce ``lookahead`` ahead, then read each in order."""
+    got = []
+    for b in batches[:lookahead]:
+        store.prefetch(b)
+    for i, b in enumerate(batches):
+        got.append(store.read(b))
+        if i + lookahead < len(batches):
+            store.prefetch(batches[i + lookahead])
+    return got
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_every_policy_and_size_reads_the_plain_tables_rows_bit_for_bit(rng, policy):
+    table = random_table(rng, 300, 5, torch.float32)
+    batches = _batches(rng, 300, 25, 80)
+    for cap_rows, stage_rows, dev_rows in [(0, 0, 0), (3, 0, 0), (0, 7, 0), (40, 30, 10), (300, 300, 300),
+                                          (1000, 0, 5)]:
+        host = HostCache(TensorStore(table), cap_rows * 20, policy, staging_bytes=stage_rows * 20)
+        top = DeviceCache(host, dev_rows * 20, policy) if dev_rows else host
+        for b, got in zip(batches, _drive(top, batches, 3)):
+            assert got.dtype == table.dtype and got.device.type == "cpu"
+            assert torch.equal(bits(got), bits(table[torch.from_numpy(b)])), (policy, cap_rows, stage_rows)
+        s = host.stats()
+        assert s["hit_rows"] + s["staged_rows"] + s["miss_rows"] == sum(len(np.unique(b)) for b in batches) \
+            or dev_rows  # a device tier in front reads only its misses
+        assert s["cached_rows"] <= host.capacity_rows
+        top.close()
+        host.close()
+
+
+def test_fuzz_random_tier_configurations_against_the_plain_table(rng):
+    for _ in range(12):
+        rows, elems = int(rng.integers(1, 200)), int(rng.integers(1, 9))
+        dtype = [torch.float32, torch.int64, torch.uint8, torch.float16][int(rng.integers(0, 4))]
+        table = random_table(rng, rows, elems, dtype)
+        rnb = elems * table.element_size()
+        policy = POLICY_NAMES[int(rng.integers(0, len(POLICY_NAMES)))]
+        store = tiered(TensorStore(table), gpu_bytes=int(rng.integers(0, rows + 2)) * rnb,
+                       host_bytes=int(rng.integers(0, rows + 2)) * rnb,
+                       staging_bytes=int(rng.integers(0, rows + 2)) * rnb, policy=policy)
+        batches = [rng.integers(0, rows, int(rng.integers(0, 60))) for _ in range(int(rng.integers(1, 15)))]
+        for b, got in zip(batches, _drive(store, batches, int(rng.integers(1, 6)))):
+            assert torch.equal(bits(got), bits(table[torch.from_numpy(b).long()]))
+        store.close()
+
+
+def test_lookahead_cache_hits_more_than_lru_on_a_power_law_trace(rng):
+    table = random_table(rng, 2000, 4, torch.float32)
+    batches = _batches(rng, 2000, 40, 300, a=1.2)
+    rates = {}
+    for policy in ("lru", "lookahead"):
+        with HostCache(TensorStore(table), 200 * 16, policy) as cache:
+            _drive(cache, batches, 8)
+            rates[policy] = cache.stats()["hit_rate"]
+    assert rates["lookahead"] > rates["lru"] > 0
+
+
+def test_read_ahead_stages_announced_rows_and_never_reads_a_row_twice(tmp_path, rng):
+    table = random_table(rng, 500, 64, torch.float32)
+    path = write_disk_store(table.numpy(), tmp_path / "f.npy")
+    disk = DiskStore(path)
+    batches = [rng.choice(500, 60, replace=False) for _ in range(12)]
+    shared = np.intersect1d(batches[0], batches[1])
+    with HostCache(disk, 0, "lookahead", staging_bytes=500 * 256) as cache:
+        for b in batches:  # the whole epoch fits the staging slots: all of it is read ahead
+            cache.prefetch(b)
+        deadline = time.monotonic() + 10
+        while cache.stats()["prefetched_rows"] < len(np.unique(np.concatenate(batches))):
+            assert time.monotonic() < deadline, cache.stats()
+            time.sleep(0.01)
+        for b in batches:
+            g = cache.read(b)
+            assert torch.equal(bits(g), bits(table[torch.from_numpy(b)]))
+        s = cache.stats()
+    # every batch was staged ahead: nothing was read on demand, and rows two batches share were read once
+    assert s["miss_rows"] == 0 and s["staged_rows"] == sum(len(b) for b in batches)
+    assert s["prefetched_rows"] == len(np.unique(np.concatenate(batches)))
+    assert s["forwarded_rows"] >= len(shared) and s["forwarded_bytes"] == s["forwarded_rows"] * 256
+    assert disk.stats()["unique_rows"] == s["prefetched_rows"]
+    disk.close()
+
+
+def test_a_cache_smaller_than_one_batch_passes_through_and_says_so(rng):
+    table = random_table(rng, 400, 3, torch.int32)
+    batch = rng.choice(400, 200, replace=False)
+    for cap, stage in [(0, 0), (5, 0), (5, 3)]:
+        with HostCache(TensorStore(table), cap * 12, "lookahead", staging_bytes=stage * 12) as cache:
+            for _ in range(3):
+                cache.prefetch(batch)
+            for _ in range(3):
+                assert torch.equal(cache.read(batch), table[torch.from_numpy(batch)])
+            s = cache.stats()
+            assert s["passthrough"] and s["batches_over_capacity"] == 3
+            assert s["passthrough_rows"] >= 3 * (200 - cap - stage) - 2 * cap
+            assert s["cached_rows"] <= cap
+
+
+class _Failing(FeatureStore):
+    """A store whose reads fail after ``ok`` of them (a disk going bad)."""
+
+    def __init__(self, table, ok):
+        super().__init__()
+        self.table, self.ok = table, ok
+
+    num_rows = property(lambda self: self.table.shape[0])
+    row_shape = property(lambda self: tuple(self.table.shape[1:]))
+    dtype = property(lambda self: self.table.dtype)
+
+    def _read_async(self, index, out, run_device, out_device):
+        from directload.stores import ReadFuture
+
+        self.ok -= 1
+        if self.ok < 0:
+            raise OSError(5, "simulated I/O error")
+        rows = self.table[index.long()]
+        if out is not None:
+            out.copy_(rows)
+            return ReadFuture(result=out)
+        return ReadFuture(result=rows)
+
+
+def test_a_failing_read_ahead_reaches_the_reader_and_nothing_hangs(rng):
+    table = random_table(rng, 100, 2, torch.float32)
+    cache = HostCache(_Failing(table, ok=0), 0, "lru", staging_bytes=50 * 8)
+    cache.prefetch(np.arange(10))
+    deadline = time.monotonic() + 10
+    with pytest.raises(RuntimeError, match="read-ahead thread failed") as info:
+        while time.monotonic() < deadline:
+            cache.read([1, 2])
+            time.sleep(0.01)
+    assert isinstance(info.value.__cause__, OSError)
+    cache.close()
+
+
+class _Slow(FeatureStore):
+    def __init__(self, table, delay):
+        super().__init__()
+        self.table, self.delay = table, delay
+
+    num_rows = property(lambda self: self.table.shape[0])
+    row_shape = property(lambda self: tuple(self.table.shape[1:]))
+    dtype = property(lambda self: self.table.dtype)
+
+    def _read_async(self, index, out, run_device, out_device):
+        from directload.stores import ReadFuture
+
+        time.sleep(self.delay)
+        rows = self.table[index.long()]
+        if out is not None:
+            out.copy_(rows)
+            return ReadFuture(result=out)
+        return ReadFuture(result=rows)
+
+
+def test_close_with_reads_ahead_in_flight_returns_promptly_and_reads_then_fail(rng):
+    table = random_table(rng, 10000, 2, torch.float32)
+    cache = HostCache(_Slow(table, 0.2), 0, "lookahead", staging_bytes=10000 * 8)
+    for k in range(20):
+        cache.prefetch(np.arange(k * 500, k * 500 + 500))
+    time.sleep(0.05)  # a chunk is in flight now
+    t0 = time.monotonic()
+    cache.close()
+    assert time.monotonic() - t0 < 5
+    with pytest.raises(ClosedError):
+        cache.read([1])
+    with pytest.raises(ClosedError):
+        cache.prefetch([1])
+
+
+def test_a_demand_read_waits_for_rows_in_flight_instead_of_reading_them_again(rng):
+    table = random_table(rng, 100, 2, torch.float32)
+    slow = _Slow(table, 0.3)
+    calls = []
+    original = slow._read_async
+    slow._read_async = lambda *a: (calls.append(len(a[0])), original(*a))[1]
+    with HostCache(slow, 0, "lru", staging_bytes=100 * 8) as cache:
+        cache.prefetch(np.arange(20))
+        time.sleep(0.1)  # the read-ahead thread is reading rows 0..19 now
+        got = cache.read(np.arange(20))
+        assert torch.equal(got, table[:20])
+        assert calls == [20] and cache.stats()["inflight_waits"] >= 1
+
+
+def test_reads_from_many_threads_with_read_ahead_are_all_right(rng):
+    table = random_table(rng, 1000, 4, torch.float32)
+    errors = []
+    with HostCache(TensorStore(table), 100 * 16, "sieve", staging_bytes=100 * 16) as cache:
+        def worker(seed):
+            r = np.random.default_rng(seed)
+            try:
+                for _ in range(30):
+                    b = r.integers(0, 1000, 50)
+                    cache.prefetch(b)
+                    if not torch.equal(cache.read(b), table[torch.from_numpy(b)]):
+                        errors.append("wrong rows")
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert not errors
+
+
+def test_bad_input_is_refused_before_anything_runs(rng):
+    table = random_table(rng, 10, 2, torch.float32)
+    store = TensorStore(table)
+    with pytest.raises(TypeError, match="FeatureStore"):
+        HostCache(table, 100)
+    for bad in (-1, 1.5, True, "1"):
+        with pytest.raises(ValueError, match="bytes"):
+            HostCache(store, bad)
+        with pytest.raises(ValueError, match="bytes"):
+            HostCache(store, 8, staging_bytes=bad)
+    with pytest.raises(ValueError, match="policy"):
+        HostCache(store, 8, "fifo")
+    with pytest.raises(TypeError, match="policy"):
+        HostCache(store, 8, 3)
+    with pytest.raises(ValueError, match="room"):
+        HostCache(store, 8, LRU(5))
+    with HostCache(store, 40) as cache:
+        with pytest.raises(IndexError):
+            cache.read([10])
+        with pytest.raises(IndexError):
+            cache.prefetch([-1])
+        with pytest.raises(TypeError):
+            cache.read([0.5])
+        with pytest.raises(ValueError, match="out"):
+            cache.read([1, 2], out=torch.empty(3, 2))
+        assert cache.stats()["reads"] == 0
+    with pytest.raises(TypeError, match="path or a FeatureStore"):
+        TieredStore(3)
+
+
+def test_static_policies_and_factories_plug_in(rng):
+    table = random_table(rng, 50, 2, torch.float32)
+    deg = np.zeros(50)
+    deg[[3, 7]] = 10
+    with HostCache(TensorStore(table), 2 * 8, lambda cap: degree(cap, deg)) as cache:
+        cache.read([3, 7, 9])
+        cache.read([3, 7, 9])
+        s = cache.stats()
+        assert s["hit_rows"] == 2 and s["cached_rows"] == 2 and s["policy"] == "degree"
+
+
+def test_tiered_store_builds_the_chain_reads_out_and_reports_each_tier(tmp_path, rng):
+    table = random_table(rng, 256, 32, torch.float32)
+    path = write_disk_store(table.numpy(), tmp_path / "t.npy")
+    store = tiered(path, gpu_bytes=16 * 128, host_bytes=64 * 128, staging_bytes=64 * 128)
+    assert [type(t).__name__ for t in store.tiers] == ["DeviceCache", "HostCache", "DiskStore"]
+    batches = [rng.integers(0, 256, 40) for _ in range(10)]
+    out = torch.empty(40, 32)
+    for b in batches[:2]:
+        store.prefetch(b)
+    for i, b in enumerate(batches):
+        got = store.read(b, out=out)
+        assert got.data_ptr() == out.data_ptr() and torch.equal(out, table[torch.from_numpy(b)])
+        if i + 2 < len(batches):
+            store.prefetch(batches[i + 2])
+    s = store.stats()
+    assert set(s) == {"device", "host", "disk"}
+    assert s["device"]["reads"] == 10 and s["disk"]["bytes_read"] > 0
+    disk = store.tiers[-1]
+    store.close()
+    assert disk.closed and all(t.closed for t in store.tiers)
+    given = TensorStore(table)
+    with TieredStore(given, host_bytes=1024) as t2:
+        assert t2.read([0]).shape == (1, 32)
+    assert not given.closed  # a store we were given is the caller's to close
+
+
+def test_out_devices_follow_the_store_contract(rng, device):
+    table = random_table(rng, 64, 8, torch.float32)
+    with tiered(TensorStore(table), gpu_bytes=8 * 32, host_bytes=16 * 32) as store:
+        ids = torch.tensor([5, 1, 5, 63])
+        got = store.read(ids, device=device)
+        assert got.device.type == torch.device(device).type
+        assert torch.equal(got.cpu(), table[ids])
