@@ -127,12 +127,12 @@ def test_a_cache_smaller_than_one_batch_passes_through_and_says_so(rng):
             assert s["cached_rows"] <= cap
 
 
-class _Failing(FeatureStore):
-    """A store whose reads fail after ``ok`` of them (a disk going bad)."""
+class _Flaky(FeatureStore):
+    """A store whose reads take ``delay`` seconds, and fail after ``ok`` of them (a disk going bad)."""
 
-    def __init__(self, table, ok):
+    def __init__(self, table, ok=None, delay=0.0):
         super().__init__()
-        self.table, self.ok = table, ok
+        self.table, self.ok, self.delay = table, ok, delay
 
     num_rows = property(lambda self: self.table.shape[0])
     row_shape = property(lambda self: tuple(self.table.shape[1:]))
@@ -141,9 +141,11 @@ class _Failing(FeatureStore):
     def _read_async(self, index, out, run_device, out_device):
         from directload.stores import ReadFuture
 
-        self.ok -= 1
-        if self.ok < 0:
-            raise OSError(5, "simulated I/O error")
+        time.sleep(self.delay)
+        if self.ok is not None:
+            self.ok -= 1
+            if self.ok < 0:
+                raise OSError(5, "simulated I/O error")
         rows = self.table[index.long()]
         if out is not None:
             out.copy_(rows)
@@ -153,7 +155,7 @@ class _Failing(FeatureStore):
 
 def test_a_failing_read_ahead_reaches_the_reader_and_nothing_hangs(rng):
     table = random_table(rng, 100, 2, torch.float32)
-    cache = HostCache(_Failing(table, ok=0), 0, "lru", staging_bytes=50 * 8)
+    cache = HostCache(_Flaky(table, ok=0), 0, "lru", staging_bytes=50 * 8)
     cache.prefetch(np.arange(10))
     deadline = time.monotonic() + 10
     with pytest.raises(RuntimeError, match="read-ahead thread failed") as info:
@@ -164,29 +166,9 @@ def test_a_failing_read_ahead_reaches_the_reader_and_nothing_hangs(rng):
     cache.close()
 
 
-class _Slow(FeatureStore):
-    def __init__(self, table, delay):
-        super().__init__()
-        self.table, self.delay = table, delay
-
-    num_rows = property(lambda self: self.table.shape[0])
-    row_shape = property(lambda self: tuple(self.table.shape[1:]))
-    dtype = property(lambda self: self.table.dtype)
-
-    def _read_async(self, index, out, run_device, out_device):
-        from directload.stores import ReadFuture
-
-        time.sleep(self.delay)
-        rows = self.table[index.long()]
-        if out is not None:
-            out.copy_(rows)
-            return ReadFuture(result=out)
-        return ReadFuture(result=rows)
-
-
 def test_close_with_reads_ahead_in_flight_returns_promptly_and_reads_then_fail(rng):
     table = random_table(rng, 10000, 2, torch.float32)
-    cache = HostCache(_Slow(table, 0.2), 0, "lookahead", staging_bytes=10000 * 8)
+    cache = HostCache(_Flaky(table, delay=0.2), 0, "lookahead", staging_bytes=10000 * 8)
     for k in range(20):
         cache.prefetch(np.arange(k * 500, k * 500 + 500))
     time.sleep(0.05)  # a chunk is in flight now
@@ -201,7 +183,7 @@ def test_close_with_reads_ahead_in_flight_returns_promptly_and_reads_then_fail(r
 
 def test_a_demand_read_waits_for_rows_in_flight_instead_of_reading_them_again(rng):
     table = random_table(rng, 100, 2, torch.float32)
-    slow = _Slow(table, 0.3)
+    slow = _Flaky(table, delay=0.3)
     calls = []
     original = slow._read_async
     slow._read_async = lambda *a: (calls.append(len(a[0])), original(*a))[1]
