@@ -17,7 +17,7 @@ DESCRIPTION = ("directload: zero-copy GPU feature loading for mini-batch GNN tra
 
 _BENCH = {"gather": "gather_bandwidth.py", "alignment": "alignment_sweep.py", "unified": "unified_gather.py",
           "loader": "loader_e2e.py", "gpu": "gpu_suite.py", "disk": "disk_read.py", "cache": "cache_policies.py",
-          "ooc": "out_of_core.py"}
+          "ooc": "out_of_core.py", "pack": "hot_packing.py"}
 _SOURCE_TREE = Path(__file__).resolve().parent.parent
 
 

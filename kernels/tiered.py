@@ -26,7 +26,7 @@ from .api import _CARRIER, _overlap, _span
 from .devices import MAPPED, memory_of
 from .indexing import tier_row
 
-__all__ = ["gather_tiered", "check_where", "flat_where"]
+__all__ = ["gather_tiered", "check_where", "flat_where", "fill_slots"]
 
 _tier_row = njit(inline="always")(tier_row)
 
@@ -72,6 +72,54 @@ def _cpu_tiered(cache, flat, where, out, row_elems):
             out[r, :] = cache[first:first + row_elems]
         else:
             out[r, :] = flat[first:first + row_elems]
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _cpu_fill(table, slots, flat, offsets, row_elems):
+    for k in prange(slots.shape[0]):
+        _, first, _ = _tier_row(-offsets[k] - 1, row_elems, 1, 0, 0)
+        table[slots[k], :] = flat[first:first + row_elems]
+
+
+def fill_slots(table, slots, flat, offsets):
+    """``table[slots[k]]`` = the flat tier's row at element ``offsets[k]``: a cache taking in rows that
+    just arrived in staging, in one copy.  A GPU ``table`` is filled by the tiered gather and a copy.
+
+    Parameters
+    ----------
+    table : torch.Tensor
+        ``[slots, *row_shape]``, contiguous.
+    slots, offsets : numpy.ndarray
+        1-D int64 of one length; slots distinct.
+    flat : torch.Tensor
+        1-D host memory of ``table``'s dtype.
+    """
+    slots = np.ascontiguousarray(slots, np.int64)
+    offsets = np.ascontiguousarray(offsets, np.int64)
+    if slots.shape != offsets.shape or slots.ndim != 1:
+        raise ValueError("slots and offsets must be 1-D and of one length")
+    if not slots.size:
+        return table
+    row_elems = math.prod(tuple(table.shape[1:]))
+    if table.dtype != flat.dtype or flat.dim() != 1 or not (table.is_contiguous() and flat.is_contiguous()):
+        raise ValueError("table and flat must be contiguous, of one dtype, flat 1-D")
+    if np.unique(slots).shape[0] != slots.shape[0]:
+        raise ValueError("slots must be distinct: two rows cannot go into one slot")
+    if slots.min() < 0 or slots.max() >= table.shape[0]:
+        raise IndexError(f"slot {slots.max() if slots.max() >= table.shape[0] else slots.min()} is out of range "
+                         f"for a table of {table.shape[0]} slots")
+    check_where(flat_where(offsets), 0, flat.numel(), row_elems)
+    if table.is_cuda:
+        empty = torch.empty((0, *table.shape[1:]), dtype=table.dtype, device=table.device)
+        rows = gather_tiered(empty, flat, torch.from_numpy(flat_where(offsets)).to(table.device))
+        table.index_copy_(0, torch.from_numpy(slots).to(table.device), rows)
+        return table
+    if flat.is_cuda:
+        raise ValueError("a host table cannot be filled from GPU memory")
+    carrier = _CARRIER[table.element_size()]
+    _cpu_fill(table.view(carrier).reshape(table.shape[0], row_elems).numpy(), slots, _flat_bits(flat).numpy(),
+              offsets, row_elems)
+    return table
 
 
 def _flat_bits(t):

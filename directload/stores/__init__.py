@@ -13,9 +13,11 @@ from .base import ClosedError, FeatureStore, ReadFuture, check_table, read_devic
 from .cache import DeviceCache, HostCache, make_policy
 from .disk import DirectIOWarning, DiskStore, io_path
 from .disk_format import read_layout, verify, write_disk_store
+from .packing import access_counts, hot_order, renumber
 from .tensor import TensorStore
 from .tiered import TieredStore, tiered
 
 __all__ = ["FeatureStore", "ReadFuture", "TensorStore", "DiskStore", "DirectIOWarning", "ClosedError",
            "write_disk_store", "verify", "read_layout", "read_devices", "check_table", "io_path",
-           "HostCache", "DeviceCache", "TieredStore", "tiered", "make_policy"]
+           "HostCache", "DeviceCache", "TieredStore", "tiered", "make_policy",
+           "access_counts", "hot_order", "renumber"]

@@ -27,7 +27,7 @@ import torch
 
 from directload import memory
 from directload.kernels.devices import MAPPED, memory_of
-from directload.kernels.tiered import flat_where, gather_tiered
+from directload.kernels.tiered import fill_slots, flat_where, gather_tiered
 
 from .base import FeatureStore, ReadFuture
 from .policies import POLICIES, LookAhead, Policy
@@ -128,7 +128,7 @@ class Cache(FeatureStore):
         self._batch = 0  # reads matched to announced batches so far (the policy's clock)
         self._demand = 0  # demand reads waiting: the prefetch thread yields to them
         self._error = None
-        self._buffer = None
+        self._buffer = self._ahead_buffer = None
         self._stats = dict.fromkeys(("reads", "rows", "hit_rows", "staged_rows", "miss_rows", "passthrough_rows",
                                      "prefetched_rows", "forwarded_rows", "inflight_waits", "batches_over_capacity",
                                      "demand_bytes", "prefetch_bytes", "read_s", "wait_s", "fallback_s",
@@ -359,6 +359,13 @@ class Cache(FeatureStore):
             self._buffer = _page_aligned(max(nbytes, 2 * old, 1 << 16))
         return self._buffer
 
+    def _take_ahead(self, nbytes):
+        """The read-ahead thread's own staging buffer (demand reads use :meth:`_take`'s)."""
+        if self._ahead_buffer is None or self._ahead_buffer.nbytes < nbytes:
+            self._ahead_buffer = None
+            self._ahead_buffer = _page_aligned(max(nbytes, 1 << 16))
+        return self._ahead_buffer
+
     def _evict(self, rows):
         """Rows the policy evicted: their slots go free, or stay staged for an announced batch."""
         if not rows.size:
@@ -394,10 +401,7 @@ class Cache(FeatureStore):
         if not len(slots):
             return
         slots_np = np.asarray(slots, np.int64)
-        empty = torch.empty((0, *self.row_shape), dtype=self.dtype, device=self._rows.device)
-        where = torch.from_numpy(flat_where(offs[pos])).to(self._rows.device)
-        got = gather_tiered(empty, flat, where)  # the admitted rows, on the slots' device
-        self._rows.index_copy_(0, torch.from_numpy(slots_np).to(self._rows.device), got)
+        fill_slots(self._rows, slots_np, flat, offs[pos])  # one copy, staging -> slots
         self._slot[rows] = slots_np
         self._owner[slots_np] = rows
         self._kind[slots_np] = _CACHED
@@ -425,9 +429,8 @@ class Cache(FeatureStore):
                     self._kind[slots] = _INFLIGHT
                     self._staged_for[slots] = j
                 try:
-                    got = self.fallback.read(torch.from_numpy(rows))
-                    self._rows.index_copy_(0, torch.from_numpy(slots).to(self._rows.device),
-                                           got.to(self._rows.device))
+                    flat, offs = self.fallback._stage(rows, self._take_ahead)
+                    fill_slots(self._rows, slots, flat, offs)  # one copy, staging -> slots
                     if self._rows.is_cuda:
                         torch.cuda.current_stream(self._rows.device).synchronize()
                 except BaseException:
@@ -507,7 +510,7 @@ class Cache(FeatureStore):
             self._lock.notify_all()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=30)
-        self._buffer = None
+        self._buffer = self._ahead_buffer = None
 
     def __repr__(self):
         state = ", closed" if self._closed else ""

@@ -20,7 +20,7 @@ from directload.kernels.tiered import flat_where, gather_tiered
 
 from . import disk_io
 from .base import FeatureStore, ReadFuture
-from .disk_format import raw_layout, read_layout
+from .disk_format import raw_layout, read_id_map, read_layout
 
 __all__ = ["DiskStore", "DirectIOWarning", "io_path"]
 
@@ -171,6 +171,8 @@ class DiskStore(FeatureStore):
             raise ValueError("a raw file needs both dtype and shape (a .npy file needs neither)")
         else:
             self._layout = raw_layout(self.path, dtype, shape, offset)
+        # a renumbered store (hot rows packed together): its id map, applied to every read
+        self.id_map = read_id_map(self._layout)
         if self._layout.row_nbytes > _MAX_READ - 2 * _MAX_BLOCK:
             raise ValueError(f"{self.path}: rows of {self._layout.row_nbytes} bytes; a disk store reads rows of "
                              "up to 1 GiB")
@@ -250,6 +252,8 @@ class DiskStore(FeatureStore):
         self._this_process()
         # A copy: the read runs later, and the caller may reuse its ids (or the array they share) at once.
         ids = np.array(index.cpu().numpy(), dtype=np.int64, copy=True)
+        if self.id_map is not None:
+            ids = self.id_map[ids]
         pin = out_device.type == "cuda"
         return ReadFuture(future=self._worker.submit(self._read, ids, out, out_device, pin))
 
@@ -324,7 +328,8 @@ class DiskStore(FeatureStore):
         self._this_process()
         elem = torch.empty(0, dtype=self.dtype).element_size()
         if rows.size and self.row_nbytes and elem in ELEMENT_SIZES and not self._layout.data_offset % elem:
-            got = self._worker.submit(self._stage_rows, rows, take, elem).result()
+            physical = rows if self.id_map is None else self.id_map[rows]
+            got = self._worker.submit(self._stage_rows, physical, take, elem).result()
             if got is not None:
                 return got
         return super()._stage(rows, take)
@@ -337,7 +342,8 @@ class DiskStore(FeatureStore):
         self._read_round(p, 0, p.offsets.shape[0], staging)
         self._count_reads(p)
         self._count_batch(rows.shape[0])
-        return torch.from_numpy(staging[:p.total]).view(self.dtype), p.row_pos // elem
+        # each asked-for row's element offset, in the order asked (an id map leaves them unsorted)
+        return torch.from_numpy(staging[:p.total]).view(self.dtype), p.row_pos[p.inverse] // elem
 
     def _plan(self, ids):
         """The reads of a batch: unique rows, block-aligned merged reads and each row's place in staging."""

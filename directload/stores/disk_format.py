@@ -24,6 +24,7 @@ from directload.capabilities import require
 from directload.files import CorruptFileError, npy_layout
 
 __all__ = ["DATA_ALIGN", "SIDECAR_SUFFIX", "Layout", "raw_layout", "read_layout", "sidecar_path", "verify",
+           "id_map_path", "read_id_map",
            "write_disk_store"]
 
 DATA_ALIGN = 4096
@@ -164,7 +165,9 @@ def _source(src):
         if not path.exists():
             raise FileNotFoundError(f"no such file: {path}")
         np_dtype, shape, offset = npy_layout(path)
-        dtype = _writable_dtype(np_dtype)
+        side = read_layout(path).dtype if sidecar_path(path).exists() else None
+        # a bfloat16 store keeps its bits as <u2 and says bfloat16 in its sidecar
+        dtype = side if side is torch.bfloat16 else _writable_dtype(np_dtype)
         array = np.memmap(path, dtype=np_dtype, mode="r", offset=offset, shape=shape) if np.prod(shape) else \
             np.empty(shape, np_dtype)
         return array, dtype, str(path)
@@ -193,7 +196,8 @@ def _same_file(a, b):
         return False
 
 
-def write_disk_store(src, path, *, overwrite=False, progress=True, chunk_bytes=CHUNK_BYTES):
+def write_disk_store(src, path, *, overwrite=False, progress=True, chunk_bytes=CHUNK_BYTES, order=None,
+                     fetch=None):
     """Write a feature table as a disk store (``.npy`` plus sidecar), streaming, with a progress bar.
 
     Parameters
@@ -209,6 +213,15 @@ def write_disk_store(src, path, *, overwrite=False, progress=True, chunk_bytes=C
         directload sidecar is never overwritten.
     chunk_bytes : int
         Bytes per checksummed chunk (default 4 MiB).
+    order : array of int, optional
+        A permutation of the rows: row ``k`` of the new store is row ``order[k]`` of ``src`` (Sentinel's
+        packing: hot rows first, so they share blocks).  The id map (old id -> new row) is written next
+        to the file (``<path>.dlmap.npy``, its CRC32C in the sidecar), and a
+        :class:`~directload.stores.DiskStore` opened on the file applies it: reads keep the old ids.
+    fetch : callable, optional
+        With ``order``: ``fetch(ids) -> rows`` (a numpy array) reads the source's rows; default
+        fancy indexing of ``src`` (fine in memory; a disk store's ``read`` is far faster than a cold
+        memory map).
 
     Returns
     -------
@@ -231,9 +244,13 @@ def write_disk_store(src, path, *, overwrite=False, progress=True, chunk_bytes=C
         if not sidecar_path(path).exists() or not _ours(sidecar_path(path)):
             raise FileExistsError(f"{path} was not written by directload (no disk-store sidecar); not "
                                   "overwriting it")
+    replacing = path.exists()  # (overwrite=True of a store directload wrote: checked above)
     path.parent.mkdir(parents=True, exist_ok=True)
     header = _header(array.dtype, array.shape)
     rows = array.reshape(array.shape[0], int(np.prod(array.shape[1:], dtype=np.int64)))
+    id_map = None if order is None else _inverse_permutation(order, rows.shape[0])
+    if order is not None:
+        fetch = fetch or (lambda idx: rows[idx])
     row_nbytes = rows.shape[1] * array.dtype.itemsize
     data_bytes = int(array.size) * array.dtype.itemsize
     chunks = []
@@ -245,7 +262,14 @@ def write_disk_store(src, path, *, overwrite=False, progress=True, chunk_bytes=C
             step = max(1, chunk_bytes // max(row_nbytes, 1))
             crc = filled = 0  # the checksum of the chunk being filled, and its bytes so far
             for start in range(0, rows.shape[0], step):
-                block = memoryview(np.ascontiguousarray(rows[start:start + step]).view(np.uint8).reshape(-1))
+                if order is None:
+                    part = rows[start:start + step]
+                else:  # read in file order (sorted ids), then put in the new order
+                    idx = np.asarray(order[start:start + step], np.int64)
+                    srt = np.argsort(idx, kind="stable")
+                    part = np.empty((idx.shape[0], rows.shape[1]), rows.dtype)
+                    part[srt] = np.asarray(fetch(idx[srt])).view(rows.dtype).reshape(idx.shape[0], rows.shape[1])
+                block = memoryview(np.ascontiguousarray(part).view(np.uint8).reshape(-1))
                 f.write(block)
                 # checksums over fixed chunk_bytes pieces of the data, whatever the row size
                 pos = 0
@@ -266,19 +290,87 @@ def write_disk_store(src, path, *, overwrite=False, progress=True, chunk_bytes=C
                 "npy_descr": np.lib.format.dtype_to_descr(array.dtype), "shape": list(array.shape),
                 "data_offset": len(header), "file_bytes": size, "chunk_bytes": chunk_bytes, "checksum": "crc32c",
                 "chunks": chunks, "source": what}
+        if id_map is not None:
+            map_path = id_map_path(path)
+            fd3, tmp_map = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".map.partial")
+            with os.fdopen(fd3, "wb") as f:
+                np.save(f, id_map)
+                f.flush()
+                os.fsync(f.fileno())
+            meta["id_map"] = {"file": map_path.name, "rows": int(id_map.shape[0]),
+                              "crc32c": crc32c.crc32c(id_map.tobytes())}
+
         fd2, tmp_side = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".json.partial")
         with os.fdopen(fd2, "w", encoding="utf-8") as f:
             json.dump(meta, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        if id_map is not None:
+            os.replace(tmp_map, id_map_path(path))
         os.replace(tmp_side, sidecar_path(path))
+        if id_map is None and replacing:
+            id_map_path(path).unlink(missing_ok=True)  # the replaced store's own map (we wrote it)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        if "tmp_map" in locals():
+            Path(tmp_map).unlink(missing_ok=True)
         if "tmp_side" in locals():
             Path(tmp_side).unlink(missing_ok=True)
         raise
     return path
+
+
+def id_map_path(path):
+    """Where the id map of a renumbered store lives (next to the file)."""
+    return Path(str(path) + ".dlmap.npy")
+
+
+def _inverse_permutation(order, n):
+    """``new_of_old`` for ``order`` (new row k = old row order[k]), or ``ValueError`` if ``order`` is not a
+    permutation of ``range(n)``."""
+    order = np.asarray(order)
+    if order.shape != (n,) or order.dtype.kind not in "iu":
+        raise ValueError(f"order must be a permutation of the {n} rows (1-D integers), got {order.dtype} "
+                         f"{order.shape}")
+    order = order.astype(np.int64, copy=False)
+    if n and (order.min() < 0 or order.max() >= n):
+        raise ValueError("order must be a permutation of the rows: an id is out of range")
+    new_of_old = np.full(n, -1, np.int64)
+    new_of_old[order] = np.arange(n, dtype=np.int64)
+    if (new_of_old < 0).any():
+        raise ValueError("order must be a permutation of the rows: some row appears twice")
+    return new_of_old
+
+
+def read_id_map(layout):
+    """The id map (old id -> row in the file) of a renumbered store, checked, or None.
+
+    Raises
+    ------
+    CorruptFileError
+        The sidecar names a map that is missing, of the wrong length, fails its CRC32C, or is not a
+        permutation.
+    """
+    meta = (layout.sidecar or {}).get("id_map")
+    if meta is None:
+        return None
+    crc32c = require("crc32c")
+    path = id_map_path(layout.path)
+    try:
+        new_of_old = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise CorruptFileError(f"{path}: the store's id map is unreadable ({exc})") from None
+    n = layout.shape[0]
+    if new_of_old.shape != (n,) or new_of_old.dtype != np.int64 or meta.get("rows") != n:
+        raise CorruptFileError(f"{path}: an id map of {new_of_old.shape} {new_of_old.dtype} for {n} rows")
+    if crc32c.crc32c(new_of_old.tobytes()) != meta.get("crc32c"):
+        raise CorruptFileError(f"{path}: the id map fails its checksum")
+    try:
+        _inverse_permutation(new_of_old, n)
+    except ValueError:
+        raise CorruptFileError(f"{path}: the id map is not a permutation of the rows") from None
+    return new_of_old
 
 
 def _ours(side):

@@ -7,7 +7,7 @@ import torch
 from directload.kernels import host_emu
 from directload.kernels.indexing import LINE, tier_row
 from directload.kernels.pcie_model import count_tiered
-from directload.kernels.tiered import check_where, flat_where, gather_tiered
+from directload.kernels.tiered import check_where, fill_slots, flat_where, gather_tiered
 
 DTYPES = (np.uint8, np.uint16, np.uint32, np.uint64)
 ROW_ELEMS = (1, 11, 37, 100, 513)
@@ -129,3 +129,30 @@ def test_a_strided_where_is_read_as_the_values_checked(rng):
     where = torch.tensor([3, 10**12, -1, 10**12, 19, 10**12])[::2]  # the skipped values would be out of range
     got = gather_tiered(cache, flat, where)
     assert torch.equal(got, torch.stack([cache[3], flat[0:2], cache[19]]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int8, torch.float64, torch.bfloat16])
+def test_fill_slots_writes_each_flat_row_into_its_slot_and_nothing_else(rng, dtype):
+    table = torch.empty((40, 3, 5), dtype=dtype)
+    table.view(torch.uint8).fill_(0xA5)
+    flat = torch.from_numpy(rng.integers(0, 256, 900 * table.element_size(), dtype=np.uint8)).view(dtype)
+    slots = rng.choice(40, 17, replace=False)
+    offsets = rng.integers(0, 900 - 15, 17)  # any element offset, as in a disk store's staging
+    before = table.clone()
+    fill_slots(table, slots, flat, offsets)
+    for s, o in zip(slots.tolist(), offsets.tolist()):
+        assert torch.equal(table[s].reshape(-1).view(torch.uint8), flat[o:o + 15].view(torch.uint8))
+    untouched = np.setdiff1d(np.arange(40), slots)
+    assert torch.equal(table[untouched].view(torch.uint8), before[untouched].view(torch.uint8))
+
+
+def test_fill_slots_refuses_bad_slots_and_offsets_before_writing():
+    table = torch.zeros(4, 2)
+    flat = torch.arange(10.0)
+    for slots, offs, err in (([0, 0], [0, 2], ValueError), ([4], [0], IndexError), ([-1], [0], IndexError),
+                             ([1], [9], IndexError), ([1, 2], [0], ValueError)):
+        with pytest.raises(err):
+            fill_slots(table, np.array(slots), flat, np.array(offs))
+        assert not table.any()
+    with pytest.raises(ValueError, match="dtype"):
+        fill_slots(table, np.array([0]), flat.double(), np.array([0]))

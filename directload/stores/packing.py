@@ -1,0 +1,62 @@
+"""Hotness renumbering (Sentinel's packing): profile which rows are read, then rewrite the disk file with
+the hot rows together, so a block read from the SSD is mostly rows someone wants.
+
+Rows smaller than the disk's block share blocks; in the file's original order a hot row's block-mates are
+mostly cold, so reading it reads them too (read amplification).  Sorted by how often the sampler reads
+them, hot rows share blocks with other hot rows.  The new file keeps the old ids: an id map (old id -> row
+in the file) is stored next to it, with its checksum in the sidecar, and a
+:class:`~directload.stores.DiskStore` applies it to every read, so nothing above the store changes.
+"""
+
+import numpy as np
+import torch
+
+from .disk import DiskStore
+from .disk_format import write_disk_store
+
+__all__ = ["access_counts", "hot_order", "renumber"]
+
+
+def access_counts(batches, num_rows):
+    """How many of ``batches`` (id arrays: K pre-sampled batches, or a first epoch) read each row."""
+    counts = np.zeros(int(num_rows), np.int64)
+    for b in batches:
+        ids = np.unique(np.asarray(torch.as_tensor(b).cpu().numpy() if torch.is_tensor(b) else b, np.int64))
+        if ids.size and (ids[0] < 0 or ids[-1] >= num_rows):
+            raise IndexError(f"row id {ids[0] if ids[0] < 0 else ids[-1]} is out of range for {num_rows} rows")
+        counts[ids] += 1
+    return counts
+
+
+def hot_order(counts, tiebreak=None):
+    """The new row order: most read first; among rows read equally often, highest ``tiebreak`` first
+    (e.g. in-degree: a profile of a few batches sees most rows once or never, and the degree tells
+    which of those the sampler meets more), then the old order (so cold rows keep whatever locality the
+    file had)."""
+    counts = np.asarray(counts)
+    if tiebreak is None:
+        return np.argsort(-counts, kind="stable")
+    tiebreak = np.asarray(tiebreak)
+    if tiebreak.shape != counts.shape:
+        raise ValueError(f"tiebreak must have one entry per row ({counts.shape[0]}), got shape {tiebreak.shape}")
+    return np.lexsort((np.arange(counts.shape[0]), -tiebreak, -counts))
+
+
+def renumber(src, dst, counts, *, tiebreak=None, overwrite=False, progress=True, **disk_options):
+    """Write ``src`` (a disk store or ``.npy`` file) to ``dst`` with its rows in :func:`hot_order`
+    (``counts``, then ``tiebreak``),
+    plus the id map a :class:`~directload.stores.DiskStore` on ``dst`` applies.  Rows are read through a
+    DiskStore (io_uring), in file order per chunk.  Returns ``dst``.
+
+    ``src`` may itself be renumbered: its rows are read by their ids, so the maps compose.
+    """
+    with DiskStore(src, **disk_options) as store:
+        counts = np.asarray(counts)
+        if counts.shape != (store.num_rows,):
+            raise ValueError(f"counts must have one entry per row ({store.num_rows}), got shape {counts.shape}")
+
+        def fetch(ids):
+            return store.read(torch.from_numpy(ids)).reshape(len(ids), -1).view(torch.uint8).numpy()
+
+        return write_disk_store(src, dst, order=hot_order(counts, tiebreak), fetch=fetch, overwrite=overwrite,
+                                progress=progress)
