@@ -142,6 +142,12 @@ def _bench(args):
     return subprocess.call([sys.executable, str(path), *args.rest], env=os.environ.copy())
 
 
+def _lookahead(text):
+    if text == "auto":
+        return text
+    return _positive_int(text)
+
+
 def _size(text):
     from directload.memcap import parse_size
 
@@ -188,6 +194,9 @@ def add_train_arguments(p):
     p.add_argument("--staging", type=_size, default=None,
                    help="bytes of the host tier's read-ahead slots with --features tiered (default: a quarter of "
                         "--host-cache, at least 64M)")
+    p.add_argument("--lookahead", type=_lookahead, default=4,
+                   help="batches directload's loader samples (and announces to the stores) ahead, or auto: "
+                        "each epoch's from the last one's stage times")
     p.add_argument("--policy", default="lookahead", choices=["lookahead", "lru", "clock", "sieve", "s3fifo"],
                    help="the caches' policy with --features tiered")
     p.add_argument("--eval-batch-size", type=_positive_int, default=4096,
@@ -251,7 +260,8 @@ def run_training(args, models, loaders, seeds, name):
                        eval_nodes=getattr(args, "eval_nodes", 0),
                        eval_batch_size=getattr(args, "eval_batch_size", 4096),
                        gpu_cache=getattr(args, "gpu_cache", 0), host_cache=getattr(args, "host_cache", 0),
-                       staging=getattr(args, "staging", None), policy=getattr(args, "policy", "lookahead"))
+                       staging=getattr(args, "staging", None), policy=getattr(args, "policy", "lookahead"),
+                       lookahead=getattr(args, "lookahead", 4))
     rows = compare(dataset, base, models=models, loaders=loaders, seeds=seeds, progress=not args.no_progress)
     meta = {"dataset": args.dataset, "framework": args.framework, "device": str(device), "nodes": dataset.num_nodes,
             "edges": dataset.num_edges, "feats": int(dataset.feat.shape[1]), "epochs": args.epochs,

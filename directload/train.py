@@ -83,7 +83,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "cpu"
     num_workers: int = 0
-    lookahead: int = 4
+    lookahead: object = 4  # or "auto"
     features: str = "memory"
     eval_nodes: int = 0
     gpu_cache: int = 0
@@ -100,7 +100,9 @@ class TrainConfig:
             raise ValueError(f"loader must be {self.framework!r} (the framework's own) or 'directload', "
                              f"got {self.loader!r}")
         self.layers, self.fanouts = resolve_depth(self.layers, self.fanouts)
-        for name in ("hidden", "heads", "batch_size", "eval_batch_size", "epochs", "lookahead"):
+        if self.lookahead != "auto" and (not isinstance(self.lookahead, int) or self.lookahead < 1):
+            raise ValueError(f"lookahead must be an integer >= 1 or 'auto', got {self.lookahead!r}")
+        for name in ("hidden", "heads", "batch_size", "eval_batch_size", "epochs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_workers < 0:
@@ -153,6 +155,7 @@ class EpochStats:
     valid_acc: float = float("nan")
     io: dict = None
     tiers: dict = None
+    lookahead: int = None
 
 
 @dataclass
@@ -353,6 +356,8 @@ def _epochs(dataset, cfg, fw, model, opt, loader, store, result, progress, evalu
             gather_s = TimedTable.seconds
             sample_s = wait_s - gather_s  # the rest of next() is sampling (and batch assembly)
         stats = EpochStats(epoch, epoch_s, sample_s, gather_s, train_s, wait_s, len(losses), float(np.mean(losses)))
+        if cfg.loader == "directload":
+            stats.lookahead = it.stats.get("lookahead")  # the L this epoch ran with (lookahead="auto" picks it)
         if store is not None and cfg.features == "disk":
             io = store.stats()
             stats.io = {key: io[key] for key in _IO_KEYS}

@@ -22,7 +22,7 @@ from numba import njit, prange
 
 from directload.capabilities import capabilities
 
-from .api import _CARRIER, _overlap, _span
+from .api import _CARRIER, _new_cpu_out, _overlap, _span
 from .devices import MAPPED, memory_of
 from .indexing import tier_row
 
@@ -170,8 +170,9 @@ def gather_tiered(cache, flat, where, *, out=None, aligned=True, backend="auto")
     row_shape = tuple(cache.shape[1:])
     row_elems = math.prod(row_shape)
     shape = (where.shape[0], *row_shape)
-    if out is None:
-        out = torch.empty(shape, dtype=cache.dtype, device=where.device)
+    if out is None:  # a large CPU result comes from the recycling pool, as a plain gather's does
+        out = torch.empty(shape, dtype=cache.dtype, device=where.device) if where.is_cuda else \
+            _new_cpu_out(shape, cache.dtype)
     elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != cache.dtype
           or out.device != where.device or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous {cache.dtype} tensor of shape {shape} on {where.device}")

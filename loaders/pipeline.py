@@ -8,6 +8,7 @@ tensors or graph objects with ``to(device)``.
 
 import atexit
 import contextlib
+import math
 import queue
 import threading
 import time
@@ -17,7 +18,8 @@ from collections.abc import Mapping
 
 import torch
 
-__all__ = ["Pipeline", "Epoch", "PipelineError", "resolve_sampling", "resolve_overlap"]
+__all__ = ["Pipeline", "Epoch", "PipelineError", "resolve_sampling", "resolve_overlap", "choose_lookahead",
+           "check_lookahead", "AutoLookahead"]
 
 _DONE = object()
 _live = weakref.WeakSet()
@@ -61,6 +63,91 @@ def resolve_overlap(overlap, device, cpu_count, torch_threads):
     return torch.device(device).type == "cuda" or cpu_count > torch_threads
 
 
+def choose_lookahead(fetch_s, compute_s, bound, low=1):
+    """The look-ahead L that hides a batch's fetch behind compute, by Sentinel's model.  Pure.
+
+    The fetch of batch ``i + L`` (``fetch_s`` seconds: its rows from disk into host slots) runs while
+    batches ``i .. i + L - 1`` compute (``compute_s`` seconds each: sampling, gathering from the
+    cache, training), so it is hidden when ``fetch_s <= (L - 1) * compute_s``, leaving one batch of
+    slack: ``L = ceil(fetch_s / compute_s) + 1``, at least ``low`` and at most ``bound`` (how many
+    batches the read-ahead slots hold).
+
+    Examples
+    --------
+    >>> choose_lookahead(0.05, 0.1, bound=8), choose_lookahead(0.35, 0.1, bound=8), choose_lookahead(5, 0.1, bound=8)
+    (2, 5, 8)
+    >>> choose_lookahead(0.0, 0.0, bound=8)  # nothing measured yet
+    1
+    """
+    if bound < low:
+        return max(1, bound)
+    if compute_s <= 0:
+        return low if fetch_s <= 0 else bound
+    return int(min(bound, max(low, math.ceil(fetch_s / compute_s - 1e-9) + 1)))
+
+
+def check_lookahead(lookahead):
+    """``lookahead`` as given when it is a positive integer or ``"auto"``, else ``ValueError``."""
+    if lookahead == "auto":
+        return lookahead
+    if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1:
+        raise ValueError(f"lookahead must be a positive integer or 'auto', got {lookahead!r}")
+    return lookahead
+
+
+class AutoLookahead:
+    """``lookahead="auto"``: L for each epoch from the last one's measured stage times.
+
+    The first epoch runs with ``start``.  At the end of each (:meth:`end`), the fetch time per batch
+    comes from the caches behind the loader's stores (read-ahead and demand seconds, ``ahead_s +
+    fallback_s``, over the batches they read during the epoch) and the compute time per batch from the
+    pipeline (``compute_s``, what the training loop did between batches, plus sampling);
+    :func:`choose_lookahead` picks the next epoch's L, bounded by the read-ahead slots
+    (``staging_rows`` over the rows read ahead per batch).  ``chosen`` lists the L of every epoch.
+    """
+
+    def __init__(self, start=4, bound=64):
+        self.start, self.bound = start, bound
+        self.chosen = []
+        self._next = start
+        self._before = None
+
+    def begin(self, stores):
+        """L for the epoch starting now."""
+        self._before = _cache_counters(stores)
+        self.chosen.append(self._next)
+        return self._next
+
+    def end(self, stores, stats):
+        """The epoch that began last ended normally, with pipeline ``stats``: choose the next L."""
+        if self._before is None or not stats.get("batches"):
+            return
+        now = _cache_counters(stores)
+        d = {k: now[k] - self._before[k] for k in now}
+        if min(d["reads"], d["ahead_s"], d["fallback_s"], d["prefetched_rows"]) < 0:
+            return  # the counters were reset meanwhile: keep the current L
+        batches = stats["batches"]
+        fetch = (d["ahead_s"] + d["fallback_s"]) / max(d["reads"], 1)
+        compute = (stats["compute_s"] + stats["sample_s"]) / batches
+        per_batch = d["prefetched_rows"] / max(d["reads"], 1)
+        bound = self.bound if not per_batch else max(1, min(self.bound, int(now["staging_rows"] // per_batch)))
+        self._next = choose_lookahead(fetch, compute, bound)
+        self._before = None
+
+
+def _cache_counters(stores):
+    """Summed counters of every cache tier behind ``stores`` (a TieredStore's, or a cache's own)."""
+    total = dict.fromkeys(("ahead_s", "fallback_s", "reads", "prefetched_rows", "staging_rows"), 0)
+    for store in stores:
+        stats = store.stats() if hasattr(store, "stats") else {}
+        tiers = [v for v in stats.values() if isinstance(v, dict)] or [stats]
+        for t in tiers:
+            if "staging_rows" in t:  # a cache tier
+                for k in total:
+                    total[k] += t.get(k, 0)
+    return total
+
+
 class PipelineError(RuntimeError):
     """A pipeline thread ended without handing over a batch, an end or an error (never expected)."""
 
@@ -102,12 +189,13 @@ class Pipeline:
     POLL = 0.1  # seconds between checks of the stop flag while blocked
 
     def __init__(self, batches, *, start, finish, device, lookahead, sample_in_thread, overlap, announce=None,
-                 ids_of=None):
+                 ids_of=None, on_done=None):
         self._it = batches
         self._start_fetch = start
         self._finish_fetch = finish
         self._announce = announce
         self._ids_of = ids_of or (lambda batch: None)
+        self._on_done = on_done  # called with the stats once the epoch ends normally
         self._device = torch.device(device)
         self._lookahead = lookahead
         self._stop = threading.Event()
@@ -120,7 +208,9 @@ class Pipeline:
         self._upcoming = deque()
         self._changed = threading.Condition()
         self._exhausted = False
-        self.stats = {"sample_s": 0.0, "gather_s": 0.0, "wait_s": 0.0, "batches": 0}
+        self.stats = {"sample_s": 0.0, "gather_s": 0.0, "wait_s": 0.0, "compute_s": 0.0, "batches": 0,
+                      "lookahead": lookahead}
+        self._handed = None  # when the last batch was handed out: the caller computes until the next call
         self._sample_in_thread = sample_in_thread
         self._overlap = overlap
         self._sampler = self._gatherer = None
@@ -246,6 +336,9 @@ class Pipeline:
         return self
 
     def __next__(self):
+        if self._handed is not None:
+            self.stats["compute_s"] += time.perf_counter() - self._handed
+            self._handed = None
         if self._stop.is_set():
             raise StopIteration
         if not self._sample_in_thread:
@@ -266,6 +359,9 @@ class Pipeline:
         self.stats["wait_s"] += time.perf_counter() - t0
         if item is _DONE:
             self.close()
+            if self._on_done is not None:
+                done, self._on_done = self._on_done, None
+                done(self.stats)
             raise StopIteration
         if isinstance(item, _Failure):
             self.close()
@@ -283,6 +379,7 @@ class Pipeline:
         if self._sample_in_thread:
             self._slots.release()
         self.stats["batches"] += 1
+        self._handed = time.perf_counter()
         return batch
 
     def close(self):

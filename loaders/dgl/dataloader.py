@@ -11,7 +11,14 @@ from dgl.dataloading.dataloader import CollateWrapper  # noqa: E402
 
 from directload.capabilities import NoDeviceError, usable_device  # noqa: E402
 
-from ..pipeline import Epoch, Pipeline, resolve_overlap, resolve_sampling  # noqa: E402
+from ..pipeline import (  # noqa: E402
+    AutoLookahead,
+    Epoch,
+    Pipeline,
+    check_lookahead,
+    resolve_overlap,
+    resolve_sampling,
+)
 from .batches import FeatureSource, announce, finish_batch, input_ids, start_batch  # noqa: E402
 
 __all__ = ["DataLoader", "check_indices"]
@@ -105,11 +112,16 @@ use_prefetch_thread, use_alternate_streams, pin_prefetcher, use_uva, **kwargs
         overriding the graph's node data for the fields the sampler marks; a
         table is a tensor (ideally a :func:`directload.to_unified` one) or a
         store with ``gather(ids, device)`` and optionally ``prefetch(ids)``.
-    lookahead : int
+    lookahead : int or "auto"
         Batches sampled ahead of the one being trained on (default 4).  Their
         ids are listed by the epoch iterator's ``upcoming()`` from ``iter()``
         on, and every store behind a prefetched node field gets
         ``prefetch(ids)`` with exactly the ids each batch will read from it.
+        ``"auto"`` starts at 4 and picks each later epoch's L from the last
+        one's stage times (:class:`~directload.loaders.pipeline.AutoLookahead`:
+        the fetch of batch i+L must fit in the compute of batches i..i+L-1),
+        bounded by the caches' read-ahead slots; ``loader.auto_lookahead.chosen``
+        and each epoch's ``stats["lookahead"]`` report it.
     sample_in_thread : bool, optional
         Sample on a background thread.  Default: only with ``num_workers > 0``
         (see :func:`resolve_sampling`).
@@ -145,12 +157,12 @@ use_prefetch_thread, use_alternate_streams, pin_prefetcher, use_uva, **kwargs
                 raise NoDeviceError("use_uva=True samples on a GPU, but this machine has no usable CUDA device; "
                                     "leave use_uva off")
             _check_batch_size(batch_size)
-            if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1:
-                raise ValueError(f"lookahead must be a positive integer, got {lookahead!r}")
+            check_lookahead(lookahead)
             check_indices(graph, indices, graph_sampler)
         super().__init__(graph, indices, graph_sampler, **dgl_args, **kwargs)
         self.features = features
         self.lookahead = lookahead
+        self.auto_lookahead = AutoLookahead() if lookahead == "auto" else None
         self.sample_in_thread = resolve_sampling(sample_in_thread, self.num_workers)
         self.overlap = resolve_overlap(overlap, self.device, os.cpu_count() or 1, torch.get_num_threads())
         self._source = FeatureSource(self, features)
@@ -160,11 +172,22 @@ use_prefetch_thread, use_alternate_streams, pin_prefetcher, use_uva, **kwargs
         if self.shuffle:
             self.dataset.shuffle()  # what DGL's own __iter__ does first
         source = self._source
+        lookahead, on_done = self.lookahead, None
+        if self.auto_lookahead is not None:
+            stores = [t for t in _tables(self.features) if hasattr(t, "stats")]
+            lookahead = self.auto_lookahead.begin(stores)
+            on_done = lambda stats: self.auto_lookahead.end(stores, stats)  # noqa: E731
         pipeline = Pipeline(torch.utils.data.DataLoader.__iter__(self),
                             start=lambda batch: start_batch(batch, source),
                             finish=lambda started: finish_batch(started, source),
                             announce=lambda batch: announce(batch, source), ids_of=input_ids, device=self.device,
-                            lookahead=self.lookahead, sample_in_thread=self.sample_in_thread, overlap=self.overlap)
+                            lookahead=lookahead, sample_in_thread=self.sample_in_thread, overlap=self.overlap,
+                            on_done=on_done)
         epoch = Epoch(pipeline)
         pipeline.prime()
         return epoch
+
+
+def _tables(features):
+    for given in (features or {}).values():
+        yield from (given.values() if isinstance(given, Mapping) else [given])

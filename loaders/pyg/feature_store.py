@@ -117,6 +117,10 @@ class FeatureStore(_PygFeatureStore):
             have = ", ".join(f"{g}/{n}" for g, n in self._tables) or "none"
             raise KeyError(f"no tensor {attr_name!r} in group {group_name!r} (stored: {have})") from None
 
+    def stores(self):
+        """The directload stores among the tables (they take hints and count their reads)."""
+        return [table for table in self._tables.values() if _is_store(table)]
+
     def prefetch(self, ids, group_name=None):
         """Tell the stores behind ``group_name``'s attributes which rows come next (a hint)."""
         for (group, _), table in self._tables.items():

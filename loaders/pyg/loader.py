@@ -10,7 +10,7 @@ from torch_geometric.loader import NeighborLoader as _PygNeighborLoader
 import directload
 from directload.kernels.carriers import ELEMENT_SIZES
 
-from ..pipeline import Epoch, Pipeline, resolve_overlap, resolve_sampling
+from ..pipeline import AutoLookahead, Epoch, Pipeline, check_lookahead, resolve_overlap, resolve_sampling
 from .feature_store import FeatureStore
 from .graph_store import GraphStore
 
@@ -102,8 +102,9 @@ class NeighborLoader(_PygNeighborLoader):
     data, num_neighbors, *args, **kwargs
         As for PyG's ``NeighborLoader``.  Seed nodes outside the graph raise
         ``IndexError`` here, before any sampling.
-    lookahead : int
-        Batches sampled ahead (default 4).
+    lookahead : int or "auto"
+        Batches sampled ahead (default 4); ``"auto"`` as for
+        :class:`directload.loaders.dgl.DataLoader`.
     sample_in_thread, overlap : bool, optional
         As for :class:`directload.loaders.dgl.DataLoader`.
     affinity : {"cuda", "host"}
@@ -123,8 +124,7 @@ class NeighborLoader(_PygNeighborLoader):
 
     def __init__(self, data, num_neighbors, *args, lookahead=4, sample_in_thread=None, overlap=None,
                  affinity="cuda", **kwargs):
-        if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1:
-            raise ValueError(f"lookahead must be a positive integer, got {lookahead!r}")
+        check_lookahead(lookahead)
         batch_size = kwargs.get("batch_size", 1)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -138,6 +138,7 @@ class NeighborLoader(_PygNeighborLoader):
         super().__init__(data, num_neighbors, *args, **kwargs)
         _check_seeds(self.input_data, self.node_sampler)
         self.lookahead = lookahead
+        self.auto_lookahead = AutoLookahead() if lookahead == "auto" else None
         self.sample_in_thread = resolve_sampling(sample_in_thread, self.num_workers)
         self.overlap = resolve_overlap(overlap, "cpu", os.cpu_count() or 1, torch.get_num_threads())
 
@@ -151,8 +152,15 @@ class NeighborLoader(_PygNeighborLoader):
             stores = self.data if isinstance(self.data, tuple) else None
             batches, finish, ids_of = torch.utils.data.DataLoader._get_iterator(self), self.filter_fn, _sampled_ids
             announce = (lambda out: _announce(out, stores[0])) if stores else None
+        lookahead, on_done = self.lookahead, None
+        if self.auto_lookahead is not None:
+            fs = self.data[0] if isinstance(self.data, tuple) else None
+            feature_stores = fs.stores() if hasattr(fs, "stores") else []
+            lookahead = self.auto_lookahead.begin(feature_stores)
+            on_done = lambda stats: self.auto_lookahead.end(feature_stores, stats)  # noqa: E731
         pipeline = Pipeline(batches, start=_identity, finish=finish, announce=announce, ids_of=ids_of, device="cpu",
-                            lookahead=self.lookahead, sample_in_thread=self.sample_in_thread, overlap=self.overlap)
+                            lookahead=lookahead, sample_in_thread=self.sample_in_thread, overlap=self.overlap,
+                            on_done=on_done)
         pipeline.prime()
         return Epoch(pipeline)
 

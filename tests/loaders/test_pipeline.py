@@ -53,3 +53,40 @@ def test_a_failing_fetch_on_the_caller_closes_the_pipeline():
     with pytest.raises(ValueError, match="fetch failed"):
         within(10, lambda: next(p))
     assert p._stop.is_set()
+
+
+def test_choose_lookahead_hides_the_fetch_behind_compute_within_its_bound():
+    from directload.loaders.pipeline import choose_lookahead
+
+    assert choose_lookahead(0.05, 0.1, bound=8) == 2  # fits in one batch's compute, plus one of slack
+    assert choose_lookahead(0.35, 0.1, bound=8) == 5
+    assert choose_lookahead(0.3, 0.1, bound=8) == 4  # exactly three batches: no rounding up past it
+    assert choose_lookahead(5.0, 0.1, bound=8) == 8  # the read-ahead slots hold no more
+    assert choose_lookahead(0.0, 0.0, bound=8) == 1 and choose_lookahead(1.0, 0.0, bound=6) == 6
+    assert choose_lookahead(1.0, 0.1, bound=0) == 1
+
+
+class _FakeTier:
+    """A store whose one cache tier reports the counters AutoLookahead reads."""
+
+    def __init__(self):
+        self.s = {"ahead_s": 0.0, "fallback_s": 0.0, "reads": 0, "prefetched_rows": 0, "staging_rows": 1000}
+
+    def stats(self):
+        return {"host": dict(self.s), "disk": {"reads": 1}}
+
+
+def test_auto_lookahead_picks_each_epochs_l_from_the_last_ones_fetch_and_compute():
+    from directload.loaders.pipeline import AutoLookahead
+
+    store, auto = _FakeTier(), AutoLookahead(start=4)
+    assert auto.begin([store]) == 4
+    store.s.update(ahead_s=2.0, reads=10, prefetched_rows=100)  # 0.2 s of fetch per batch, 10 rows each
+    auto.end([store], {"batches": 10, "compute_s": 0.9, "sample_s": 0.1})  # 0.1 s of compute per batch
+    assert auto.begin([store]) == 3  # ceil(0.2 / 0.1) + 1
+    store.s.update(ahead_s=2.0 + 50.0, reads=20, prefetched_rows=100 + 10 * 250)  # slow, and 250 rows a batch
+    auto.end([store], {"batches": 10, "compute_s": 1.0, "sample_s": 0.0})
+    assert auto.begin([store]) == 4  # the fetch wants 51, the read-ahead slots hold 1000 // 250 = 4 batches
+    store.s.update(ahead_s=0.0, reads=0, prefetched_rows=0)  # the counters were reset meanwhile
+    auto.end([store], {"batches": 10, "compute_s": 1.0, "sample_s": 0.0})
+    assert auto.begin([store]) == 4 and auto.chosen == [4, 3, 4, 4]
