@@ -128,11 +128,12 @@ def test_a_cache_smaller_than_one_batch_passes_through_and_says_so(rng):
 
 
 class _Flaky(FeatureStore):
-    """A store whose reads take ``delay`` seconds, and fail after ``ok`` of them (a disk going bad)."""
+    """A store whose reads take ``delay`` seconds, and fail after ``ok`` of them (a disk going bad), or
+    fail when they read more than ``fail_over`` rows."""
 
-    def __init__(self, table, ok=None, delay=0.0):
+    def __init__(self, table, ok=None, delay=0.0, fail_over=None):
         super().__init__()
-        self.table, self.ok, self.delay = table, ok, delay
+        self.table, self.ok, self.delay, self.fail_over = table, ok, delay, fail_over
 
     num_rows = property(lambda self: self.table.shape[0])
     row_shape = property(lambda self: tuple(self.table.shape[1:]))
@@ -142,6 +143,8 @@ class _Flaky(FeatureStore):
         from directload.stores import ReadFuture
 
         time.sleep(self.delay)
+        if self.fail_over is not None and len(index) > self.fail_over:
+            raise OSError(5, "simulated I/O error")
         if self.ok is not None:
             self.ok -= 1
             if self.ok < 0:
@@ -155,12 +158,14 @@ class _Flaky(FeatureStore):
 
 def test_a_failing_read_ahead_reaches_the_reader_and_nothing_hangs(rng):
     table = random_table(rng, 100, 2, torch.float32)
-    cache = HostCache(_Flaky(table, ok=0), 0, "lru", staging_bytes=50 * 8)
+    # the read-ahead (10 rows at once) fails; the reader's own reads (2 rows) work, so what it sees is
+    # the read-ahead's failure, not one of its own
+    cache = HostCache(_Flaky(table, fail_over=2), 0, "lru", staging_bytes=50 * 8)
     cache.prefetch(np.arange(10))
     deadline = time.monotonic() + 10
     with pytest.raises(RuntimeError, match="read-ahead thread failed") as info:
         while time.monotonic() < deadline:
-            cache.read([1, 2])
+            cache.read([50, 51])  # not the announced batch: it stays the read-ahead's to do
             time.sleep(0.01)
     assert isinstance(info.value.__cause__, OSError)
     cache.close()
@@ -189,7 +194,10 @@ def test_a_demand_read_waits_for_rows_in_flight_instead_of_reading_them_again(rn
     slow._read_async = lambda *a: (calls.append(len(a[0])), original(*a))[1]
     with HostCache(slow, 0, "lru", staging_bytes=100 * 8) as cache:
         cache.prefetch(np.arange(20))
-        time.sleep(0.1)  # the read-ahead thread is reading rows 0..19 now
+        deadline = time.monotonic() + 10
+        while not calls:  # until the read-ahead thread is reading rows 0..19 (for 0.3 s)
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
         got = cache.read(np.arange(20))
         assert torch.equal(got, table[:20])
         assert calls == [20] and cache.stats()["inflight_waits"] >= 1
