@@ -121,3 +121,21 @@ def test_measured_batches_leave_the_warm_up_out():
     batches = [[1, 2], [1, 2], [3]]
     assert simulate(LRU(2), batches, measure_from=1) == {"policy": "lru", "accesses": 3, "hits": 2, "misses": 1,
                                                          "hit_rate": 2 / 3}
+
+
+def test_lookahead_falls_back_to_frequency_when_asked_and_refuses_other_orders():
+    # with no window, rows compete by how often they were read (frequency) or how lately (recency)
+    rec, freq = LookAhead(1), LookAhead(1, fallback="frequency")
+    simulate(rec, [[1], [1], [1], [2]], lookahead=0)
+    simulate(freq, [[1], [1], [1], [2]], lookahead=0)
+    assert rec.cached() == {2} and freq.cached() == {1}
+    p = LookAhead(2, fallback="frequency")
+    for b in [[1], [1], [1], [2], [4]]:
+        p.access(np.array(b))
+    assert p.cached() == {1, 4}  # 2 (one read) goes before 1 (three), though 1 was read longer ago
+    q = LookAhead(2)
+    for b in [[1], [1], [1], [2], [4]]:
+        q.access(np.array(b))
+    assert q.cached() == {2, 4}  # recency keeps the most recent
+    with pytest.raises(ValueError, match="fallback"):
+        LookAhead(3, fallback="size")

@@ -30,9 +30,13 @@ def _grown(a, n, fill):
 class LookAhead(Policy):
     name = "lookahead"
 
-    def __init__(self, capacity, window=None):
+    def __init__(self, capacity, window=None, fallback="recency"):
         super().__init__(capacity)
+        if fallback not in ("recency", "frequency"):
+            raise ValueError(f"fallback must be 'recency' or 'frequency', got {fallback!r}")
         self.window = window  # batches ahead it expects (None: it takes whatever see() shows)
+        self.fallback = fallback
+        self._count = np.zeros(0, np.int64)  # row -> batches that read it (the frequency fallback)
         self._held = np.empty(0, np.int64)  # the cached rows
         self._in = np.zeros(0, bool)  # row -> cached
         self._next = np.zeros(0, np.int64)  # row -> index of its next known use (valid when > now)
@@ -44,6 +48,7 @@ class LookAhead(Policy):
         self._in = _grown(self._in, n, False)
         self._next = _grown(self._next, n, -1)
         self._last = _grown(self._last, n, 0)
+        self._count = _grown(self._count, n, 0)
 
     def see(self, batch_index, window):
         if batch_index < self._now:  # a new sequence of batches (indices start again): forget old plans
@@ -63,12 +68,17 @@ class LookAhead(Policy):
             return hit
         self._last[ids] = (np.int64(self._tick) << 32) + np.arange(ids.shape[0], dtype=np.int64)
         self._tick += 1
+        self._count[ids] += 1
         miss = ids[~hit]
         cand = np.concatenate([self._held, miss])
         if cand.shape[0] > self.capacity:
             nxt = self._next[cand]
             # nearest next use first; rows with none after it, most recently used first
-            key = np.where(nxt > self._now, nxt, _UNKNOWN - (self._last[cand] >> 1))
+            if self.fallback == "recency":
+                unknown = self._last[cand] >> 1
+            else:  # read most often first, then most recently (by batch)
+                unknown = (self._count[cand] << 31) + (self._last[cand] >> 32)
+            key = np.where(nxt > self._now, nxt, _UNKNOWN - unknown)
             keep = np.zeros(cand.shape[0], bool)
             keep[np.argpartition(key, self.capacity - 1)[:self.capacity]] = True
             held = self._held.shape[0]
