@@ -200,7 +200,7 @@ def _seed(fw, seed):
 DISK_FILE = "disk/node-feat.npy"
 _IO_KEYS = ("reads", "bytes_read", "read_amplification", "iops", "gb_per_s", "cpu_us_per_read", "io_seconds")
 _TIER_KEYS = ("hit_rate", "slot_rate", "hit_rows", "staged_rows", "miss_rows", "prefetched_rows", "forwarded_bytes",
-              "fallback_bytes", "passthrough", "read_s", "wait_s", "fallback_s", "policy_s")
+              "fallback_bytes", "passthrough", "read_s", "wait_s", "fallback_s", "policy_s", "pcie_bytes")
 #: Where directload's loader reads features: the dataset's table, its disk store, or tiers over the disk.
 FEATURE_MODES = ("memory", "disk", "tiered")
 

@@ -27,6 +27,8 @@ import torch
 
 from directload import memory
 from directload.kernels.devices import MAPPED, memory_of
+from directload.kernels.indexing import LINE
+from directload.kernels.pcie_model import row_min_lines
 from directload.kernels.tiered import fill_slots, flat_where, gather_tiered
 
 from .base import FeatureStore, ReadFuture
@@ -64,6 +66,13 @@ def make_policy(policy, capacity):
     if got.capacity > capacity:
         raise ValueError(f"the policy keeps {got.capacity} rows but the cache has room for {capacity}")
     return got
+
+
+def _miss_index(miss, inv):
+    """For each output row read from the flat tier, its position among the misses (flat's order)."""
+    rank = np.cumsum(miss) - 1
+    out_miss = miss[inv]
+    return rank[inv[out_miss]]
 
 
 def _page_aligned(nbytes):
@@ -132,7 +141,7 @@ class Cache(FeatureStore):
         self._stats = dict.fromkeys(("reads", "rows", "hit_rows", "staged_rows", "miss_rows", "passthrough_rows",
                                      "prefetched_rows", "forwarded_rows", "inflight_waits", "batches_over_capacity",
                                      "demand_bytes", "prefetch_bytes", "read_s", "wait_s", "fallback_s",
-                                     "policy_s", "ahead_s"), 0)
+                                     "policy_s", "ahead_s", "pcie_lines"), 0)
         self._thread = None
         if self.staging_rows:
             self._thread = threading.Thread(target=self._prefetch_loop, name=f"directload-{self.tier}-prefetch",
@@ -320,6 +329,12 @@ class Cache(FeatureStore):
         where = torch.from_numpy(where_u[inv]).to(run_device)
         direct = out if out is not None and out.device == run_device else None
         result = gather_tiered(self._rows, flat, where, out=direct)
+        if self.tier == "device" and offs.size:
+            # the 128-byte lines the aligned kernel reads zero-copy over PCIe: one per line each output
+            # row read from the flat tier spans (the transaction model's count, kernels.pcie_model)
+            addr = flat.data_ptr() + offs.astype(np.int64) * flat.element_size()
+            per_row = row_min_lines(addr, self.row_nbytes, LINE)
+            st["pcie_lines"] += int(per_row[_miss_index(miss, inv)].sum())
         # bookkeeping after the gather: a slot read above may be given to another row now
         self._evict(evicted)
         self._admit(uniq, keep, miss, staged, flat, offs, run_device)
@@ -487,6 +502,9 @@ class Cache(FeatureStore):
         ``forwarded_rows`` served from a slot that an earlier batch staged or a cached row kept for an
         announced batch, never read twice (``forwarded_bytes``).  ``batches_over_capacity``
         counts reads of more distinct rows than the cache holds: those pass through in part.
+        ``pcie_lines`` (a device cache) are the 128-byte lines its fused gather reads zero-copy from host
+        memory, as the transaction model counts them (``pcie_bytes`` = lines x 128): on a CPU machine,
+        what a GPU would move.
         """
         with self._lock:
             s = dict(self._stats)
@@ -499,6 +517,7 @@ class Cache(FeatureStore):
                  slot_rate=(s["hit_rows"] + s["staged_rows"]) / distinct if distinct else 0.0,
                  forwarded_bytes=s["forwarded_rows"] * self.row_nbytes,
                  fallback_bytes=s["demand_bytes"] + s["prefetch_bytes"],
+                 pcie_bytes=s["pcie_lines"] * LINE,
                  passthrough=self.capacity_rows == 0 or s["batches_over_capacity"] > 0)
         return s
 

@@ -300,3 +300,21 @@ def test_out_devices_follow_the_store_contract(rng, device):
         got = store.read(ids, device=device)
         assert got.device.type == torch.device(device).type
         assert torch.equal(got.cpu(), table[ids])
+
+
+def test_a_device_cache_counts_the_pcie_lines_the_transaction_model_gives(rng):
+    from directload.kernels.pcie_model import count_tiered
+    from directload.kernels.tiered import flat_where
+
+    table = random_table(rng, 300, 25, torch.float32)  # 100-byte rows: some span two lines, some three
+    ids = rng.integers(0, 300, 64)
+    with DeviceCache(TensorStore(table), 0) as cache:  # nothing cached: every row comes over "PCIe"
+        cache.read(ids)
+        got = cache.stats()
+    want = count_tiered(flat_where(ids * 25), 100, 4, flat_addr=table.data_ptr())["flat"].total
+    assert got["pcie_lines"] == want > 64 and got["pcie_bytes"] == 128 * want
+    with DeviceCache(TensorStore(table), 300 * 100) as cache:  # all cached after the first read
+        cache.read(ids)
+        first = cache.stats()["pcie_lines"]
+        cache.read(ids)
+        assert cache.stats()["pcie_lines"] == first
