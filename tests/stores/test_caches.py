@@ -63,8 +63,10 @@ def test_every_policy_and_size_reads_the_plain_tables_rows_bit_for_bit(rng, poli
 def test_fuzz_random_tier_configurations_against_the_plain_table(rng):
     for _ in range(12):
         rows, elems = int(rng.integers(1, 200)), int(rng.integers(1, 9))
-        dtype = [torch.float32, torch.int64, torch.uint8, torch.float16][int(rng.integers(0, 4))]
-        table = random_table(rng, rows, elems, dtype)
+        dtype = [torch.float32, torch.int64, torch.uint8, torch.float16, torch.bool,
+                 torch.complex128][int(rng.integers(0, 6))]
+        table = random_table(rng, rows, elems, dtype) if not dtype.is_complex else \
+            torch.complex(torch.randn(rows, elems, dtype=torch.float64), torch.randn(rows, elems, dtype=torch.float64))
         rnb = elems * table.element_size()
         policy = POLICY_NAMES[int(rng.integers(0, len(POLICY_NAMES)))]
         store = tiered(TensorStore(table), gpu_bytes=int(rng.integers(0, rows + 2)) * rnb,
@@ -318,3 +320,17 @@ def test_a_device_cache_counts_the_pcie_lines_the_transaction_model_gives(rng):
         first = cache.stats()["pcie_lines"]
         cache.read(ids)
         assert cache.stats()["pcie_lines"] == first
+
+
+@pytest.mark.parametrize("dtype", [torch.complex128, torch.complex64, torch.bool, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(120,), (120, 3), (120, 2, 5), (120, 0)])
+def test_every_dtype_and_row_shape_goes_through_the_tiers(rng, dtype, shape):
+    table = torch.randn(shape, dtype=torch.float64).to(dtype) if dtype != torch.bool else torch.rand(shape) > 0.5
+    rnb = max(1, table[0].numel() * table.element_size())
+    with tiered(TensorStore(table), gpu_bytes=8 * rnb, host_bytes=30 * rnb, staging_bytes=20 * rnb) as store:
+        batches = [rng.integers(0, 120, 25) for _ in range(8)]
+        for b, got in zip(batches, _drive(store, batches, 2)):  # complex128: 16-byte elements, moved as words
+            assert got.dtype == dtype and got.shape == (25, *shape[1:])
+            assert torch.equal(bits(got), bits(table[torch.from_numpy(b)]))
+        out = torch.empty((3, *shape[1:]), dtype=dtype)
+        assert store.read([7, 0, 7], out=out) is out and torch.equal(bits(out), bits(table[[7, 0, 7]]))
