@@ -212,13 +212,17 @@ class Cache(FeatureStore):
         self._until[mine] = -1
         self._release(mine)
 
+    def _slotted(self, rows):
+        """The rows of ``rows`` that hold a slot, and their slots."""
+        s = self._slot[rows]
+        ok = s >= 0
+        return rows[ok], s[ok]
+
     def _release(self, rows):
         """Free the slots of staged rows of ``rows`` that no announced batch still needs."""
         if not rows.size:
             return
-        s = self._slot[rows]
-        ok = s >= 0
-        rows, s = rows[ok], s[ok]
+        rows, s = self._slotted(rows)
         gone = (self._kind[s] == _STAGED) & (self._until[rows] < self._next_unread())
         self._free_slots(rows[gone], s[gone])
 
@@ -411,9 +415,7 @@ class Cache(FeatureStore):
         """Rows the policy evicted: their slots go free, or stay staged for an announced batch."""
         if not rows.size:
             return
-        s = self._slot[rows]
-        ok = s >= 0
-        rows, s = rows[ok], s[ok]
+        rows, s = self._slotted(rows)
         ok = self._kind[s] == _CACHED
         rows, s = rows[ok], s[ok]
         still = self._until[rows] >= self._next_unread()
