@@ -32,7 +32,7 @@ from directload.kernels.indexing import LINE
 from directload.kernels.pcie_model import row_min_lines
 from directload.kernels.tiered import fill_slots, flat_where, gather_tiered
 
-from .base import FeatureStore, ReadFuture
+from .base import FeatureStore, ReadFuture, _as_index
 from .policies import POLICIES, LookAhead, Policy
 
 __all__ = ["Cache", "HostCache", "DeviceCache", "make_policy", "POLICY_NAMES"]
@@ -189,7 +189,7 @@ class Cache(FeatureStore):
         The policy sees it as the future; the read-ahead thread stages its rows; the fallback gets
         the ids this cache does not hold now."""
         self._check_open()
-        rows = np.unique(np.asarray(torch.as_tensor(ids).cpu().numpy(), np.int64))
+        rows = np.unique(_as_index(ids).cpu().numpy().astype(np.int64, copy=False))  # TypeError for non-ids
         if rows.size and (rows[0] < 0 or rows[-1] >= self.num_rows):
             raise IndexError(f"prefetch: row id {rows[0] if rows[0] < 0 else rows[-1]} is out of range for a "
                              f"store of {self.num_rows} rows")

@@ -249,6 +249,11 @@ def test_bad_input_is_refused_before_anything_runs(rng):
             cache.read([10])
         with pytest.raises(IndexError):
             cache.prefetch([-1])
+        for bad in ([0.5], np.array([1.0]), torch.tensor([True]), "3"):
+            with pytest.raises(TypeError):
+                cache.prefetch(bad)
+        with pytest.raises(ValueError):
+            cache.prefetch(torch.zeros(2, 2, dtype=torch.int64))
         with pytest.raises(TypeError):
             cache.read([0.5])
         with pytest.raises(ValueError, match="out"):
