@@ -47,8 +47,13 @@ class Policy:
 
     def contains(self, ids):
         """Whether each row of ``ids`` (int64 array) is cached now."""
-        rows = self.cached()
+        rows = self._members()
         return np.fromiter((r in rows for r in ids.tolist()), bool, len(ids))
+
+    def _members(self):
+        """The cached rows as a container that answers ``in`` (the policy's own dict or set).  A policy
+        overrides this or :meth:`cached`, which default to each other."""
+        return self.cached()
 
     def see(self, batch_index, window):
         """A hint: batch ``batch_index`` comes next, then the batches in ``window`` (a list of id arrays,
@@ -56,7 +61,7 @@ class Policy:
 
     def cached(self):
         """The cached row ids, as a set (for tests and the simulator)."""
-        raise NotImplementedError
+        return set(self._members())
 
     def _access(self, ids):
         raise NotImplementedError

@@ -35,9 +35,5 @@ class Clock(Policy):
                 self._hand = (self._hand + 1) % self.capacity
         return hit
 
-    def contains(self, ids):
-        rows = self._slot
-        return np.fromiter((r in rows for r in ids.tolist()), bool, len(ids))
-
-    def cached(self):
-        return set(self._slot)
+    def _members(self):
+        return self._slot

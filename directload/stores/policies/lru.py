@@ -27,9 +27,5 @@ class LRU(Policy):
                 rows[r] = None
         return hit
 
-    def contains(self, ids):
-        rows = self._rows
-        return np.fromiter((r in rows for r in ids.tolist()), bool, len(ids))
-
-    def cached(self):
-        return set(self._rows)
+    def _members(self):
+        return self._rows

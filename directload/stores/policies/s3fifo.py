@@ -68,9 +68,5 @@ class S3FIFO(Policy):
                 self._insert(r)
         return hit
 
-    def contains(self, ids):
-        rows = self._freq
-        return np.fromiter((r in rows for r in ids.tolist()), bool, len(ids))
-
-    def cached(self):
-        return set(self._freq)
+    def _members(self):
+        return self._freq

@@ -52,9 +52,5 @@ class Sieve(Policy):
                     self._tail = r
         return hit
 
-    def contains(self, ids):
-        rows = self._visited
-        return np.fromiter((r in rows for r in ids.tolist()), bool, len(ids))
-
-    def cached(self):
-        return set(self._visited)
+    def _members(self):
+        return self._visited

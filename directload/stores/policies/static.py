@@ -20,14 +20,10 @@ class Static(Policy):
         self.name = name
 
     def _access(self, ids):
-        rows = self._rows
-        return np.fromiter((r in rows for r in ids.tolist()), bool, ids.shape[0])
+        return self.contains(ids)  # fixed up front: a hit is a row it holds
 
-    def contains(self, ids):
-        return self._access(ids)
-
-    def cached(self):
-        return set(self._rows)
+    def _members(self):
+        return self._rows
 
 
 def degree(capacity, in_degrees):
