@@ -140,7 +140,6 @@ class Cache(FeatureStore):
         self._slot = np.full(n, -1, np.int32 if slots < 2 ** 31 else np.int64)  # row -> slot
         self._until = np.full(n, -1, np.int64)  # row -> last announced batch that reads it
         self._kind = np.zeros(slots, np.int8)
-        self._owner = np.full(slots, -1, np.int64)  # slot -> row
         self._staged_for = np.full(slots, -1, np.int64)  # slot -> the batch it was read ahead for (-2: kept)
         self._pinned = np.zeros(slots, np.int32)  # readers reading each slot while they wait for I/O
         self._deferred = []  # slots freed while pinned: free once no reader holds them
@@ -189,10 +188,9 @@ class Cache(FeatureStore):
         The policy sees it as the future; the read-ahead thread stages its rows; the fallback gets
         the ids this cache does not hold now."""
         self._check_open()
-        rows = np.unique(_as_index(ids).cpu().numpy().astype(np.int64, copy=False))  # TypeError for non-ids
-        if rows.size and (rows[0] < 0 or rows[-1] >= self.num_rows):
-            raise IndexError(f"prefetch: row id {rows[0] if rows[0] < 0 else rows[-1]} is out of range for a "
-                             f"store of {self.num_rows} rows")
+        index = _as_index(ids)  # TypeError / ValueError for what is not 1-D integer ids
+        self._check_bounds(index)
+        rows = np.unique(index.cpu().numpy().astype(np.int64, copy=False))
         with self._lock:
             self._raise_failure()
             j = self._announced
@@ -231,7 +229,6 @@ class Cache(FeatureStore):
             return
         self._slot[rows] = -1
         self._kind[slots] = _FREE
-        self._owner[slots] = -1
         busy = self._pinned[slots] > 0  # a reader still copies out of it: reuse it after that
         self._deferred.extend(slots[busy].tolist())
         self._free.extend(slots[~busy].tolist())
@@ -257,7 +254,7 @@ class Cache(FeatureStore):
 
     # -------------------------------------------------------------- reads
     def _read_async(self, index, out, run_device, out_device):
-        ids = np.array(index.cpu().numpy(), dtype=np.int64, copy=True)
+        ids = index.cpu().numpy().astype(np.int64, copy=False)  # read now: np.unique below makes new arrays
         return ReadFuture(result=self._read(ids, out, run_device, out_device))
 
     def _read(self, ids, out, run_device, out_device):
@@ -361,7 +358,7 @@ class Cache(FeatureStore):
             st["pcie_lines"] += int(per_row[_miss_index(miss, inv)].sum())
         # bookkeeping after the gather: a slot read above may be given to another row now
         self._evict(evicted)
-        self._admit(uniq, keep, miss, staged, flat, offs, run_device)
+        self._admit(uniq, keep, miss, staged, flat, offs)
         if mine is not None:
             self._release(mine[1])
         st["reads"] += 1
@@ -382,8 +379,6 @@ class Cache(FeatureStore):
 
     def _stage_misses(self, rows, run_device):
         """The fallback's rows ``rows`` as a flat tier (1-D tensor) and their element offsets in it."""
-        if not rows.size:
-            return torch.empty(0, dtype=self.dtype), np.empty(0, np.int64)
         flat, offs = self.fallback._stage(rows, self._take)
         if run_device.type == "cuda" and memory_of(flat) != MAPPED:  # the GPU reads the flat tier zero-copy
             flat, offs = FeatureStore._stage(self.fallback, rows, self._take)
@@ -396,20 +391,22 @@ class Cache(FeatureStore):
         return flat.view(self._carrier), offs * self._ratio
 
     def _take(self, nbytes):
-        """The cache's staging buffer for a fallback's rows: at least ``nbytes``, page-aligned, pinned
-        where CUDA runs; grown, never shrunk."""
-        if self._buffer is None or self._buffer.nbytes < nbytes:
-            old = 0 if self._buffer is None else self._buffer.nbytes
-            self._buffer = None
-            self._buffer = _page_aligned(max(nbytes, 2 * old, 1 << 16))
-        return self._buffer
+        """The demand reads' staging buffer for a fallback's rows (see :meth:`_grown_buffer`)."""
+        return self._grown_buffer("_buffer", nbytes)
 
     def _take_ahead(self, nbytes):
-        """The read-ahead thread's own staging buffer (demand reads use :meth:`_take`'s)."""
-        if self._ahead_buffer is None or self._ahead_buffer.nbytes < nbytes:
-            self._ahead_buffer = None
-            self._ahead_buffer = _page_aligned(max(nbytes, 1 << 16))
-        return self._ahead_buffer
+        """The read-ahead thread's own staging buffer: it reads while a demand read uses the other."""
+        return self._grown_buffer("_ahead_buffer", nbytes)
+
+    def _grown_buffer(self, name, nbytes):
+        """Buffer ``name``, at least ``nbytes``, page-aligned, pinned where CUDA runs; grown at least
+        twofold, never shrunk."""
+        buf = getattr(self, name)
+        if buf is None or buf.nbytes < nbytes:
+            old = 0 if buf is None else buf.nbytes
+            setattr(self, name, None)  # the old buffer goes before the new one is allocated
+            setattr(self, name, _page_aligned(max(nbytes, 2 * old, 1 << 16)))
+        return getattr(self, name)
 
     def _evict(self, rows):
         """Rows the policy evicted: their slots go free, or stay staged for an announced batch."""
@@ -426,7 +423,7 @@ class Cache(FeatureStore):
         self._staged_for[s[still]] = -2
         self._free_slots(rows[~still], s[~still])
 
-    def _admit(self, uniq, keep, miss, staged, flat, offs, run_device):
+    def _admit(self, uniq, keep, miss, staged, flat, offs):
         """Rows the policy holds now that had no cache slot: staged ones change kind, misses are copied in."""
         promote = keep & staged
         if promote.any():
@@ -446,7 +443,6 @@ class Cache(FeatureStore):
         slots_np = np.asarray(slots, np.int64)
         fill_slots(self._rows, slots_np, flat, offs[pos])  # one copy, staging -> slots
         self._slot[rows] = slots_np
-        self._owner[slots_np] = rows
         self._kind[slots_np] = _CACHED
 
     def _claim(self, n):
@@ -467,7 +463,6 @@ class Cache(FeatureStore):
                         if task is None:
                             self._lock.wait(0.05)
                     j, rows, slots = task
-                    self._owner[slots] = rows
                     self._slot[rows] = slots
                     self._kind[slots] = _INFLIGHT
                     self._staged_for[slots] = j
@@ -479,7 +474,7 @@ class Cache(FeatureStore):
                         torch.cuda.current_stream(self._rows.device).synchronize()
                 except BaseException:
                     with self._lock:
-                        self._unstage(rows, slots)
+                        self._free_slots(rows, slots)
                     raise
                 with self._lock:
                     self._kind[slots] = _STAGED
@@ -493,9 +488,6 @@ class Cache(FeatureStore):
             with self._lock:
                 self._error = exc
                 self._lock.notify_all()
-
-    def _unstage(self, rows, slots):
-        self._free_slots(rows, slots)
 
     def _next_task(self):
         """The next chunk to read ahead: rows of the oldest announced batch that no slot holds, and free
