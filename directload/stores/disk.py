@@ -299,24 +299,22 @@ class DiskStore(FeatureStore):
         where that does not apply: a batch that needs several rounds, rows not element-aligned in the
         file, staging the GPU cannot map.  On the CPU (``device`` cpu) the same path runs the CPU tiered
         kernel."""
-        elem = torch.empty(0, dtype=self.dtype).element_size()
-        if elem not in ELEMENT_SIZES or self._layout.data_offset % elem:
-            return None  # complex128 and rows off their element grid: the copy path
+        elem = self._flat_elem()
+        if elem is None:
+            return None
         if device.type == "cuda":
             torch.cuda.init()  # the result goes there anyway; then pinned staging counts as mapped
         if p.total > p.chunk:
             return None
         staging = self._staging_buffer(p.total)
-        flat = torch.from_numpy(staging[:p.total]).view(self.dtype)
-        if device.type == "cuda" and memory_of(flat) != MAPPED:
+        if device.type == "cuda" and memory_of(torch.from_numpy(staging)) != MAPPED:
             return None
-        self._read_round(p, 0, p.offsets.shape[0], staging)
-        where = torch.from_numpy(flat_where(p.row_pos[p.inverse] // elem)).to(device)
+        flat, offs = self._one_round(p, staging, elem)
+        where = torch.from_numpy(flat_where(offs)).to(device)
         cache = torch.empty((0, *self.row_shape), dtype=self.dtype, device=device)
         result = gather_tiered(cache, flat, where, out=out)
         if device.type == "cuda":
             torch.cuda.current_stream(device).synchronize()  # the staging buffer is the next read's
-        self._count_reads(p)
         self._count_batch(n, zero_copy=True)
         return result
 
@@ -326,8 +324,8 @@ class DiskStore(FeatureStore):
         are off their element grid or the reads need several rounds."""
         self._check_open()
         self._this_process()
-        elem = torch.empty(0, dtype=self.dtype).element_size()
-        if rows.size and self.row_nbytes and elem in ELEMENT_SIZES and not self._layout.data_offset % elem:
+        elem = self._flat_elem()
+        if rows.size and self.row_nbytes and elem is not None:
             physical = rows if self.id_map is None else self.id_map[rows]
             got = self._worker.submit(self._stage_rows, physical, take, elem).result()
             if got is not None:
@@ -338,11 +336,22 @@ class DiskStore(FeatureStore):
         p = self._plan(rows)
         if p.total > p.chunk:
             return None
-        staging = take(p.total)
+        got = self._one_round(p, take(p.total), elem)
+        self._count_batch(rows.shape[0])
+        return got
+
+    def _flat_elem(self):
+        """The element size when the rows can be addressed as a flat tier (an element width the tiered
+        gather moves, rows on their element grid in the file), else None: complex128, or rows off
+        their grid, go through the copy path."""
+        elem = torch.empty(0, dtype=self.dtype).element_size()
+        return elem if elem in ELEMENT_SIZES and not self._layout.data_offset % elem else None
+
+    def _one_round(self, p, staging, elem):
+        """Plan ``p`` read in one round into ``staging``: the flat tier (this store's dtype) and each
+        asked-for row's element offset in it, in the order asked (an id map leaves them unsorted)."""
         self._read_round(p, 0, p.offsets.shape[0], staging)
         self._count_reads(p)
-        self._count_batch(rows.shape[0])
-        # each asked-for row's element offset, in the order asked (an id map leaves them unsorted)
         return torch.from_numpy(staging[:p.total]).view(self.dtype), p.row_pos[p.inverse] // elem
 
     def _plan(self, ids):
