@@ -100,8 +100,10 @@ class TrainConfig:
             raise ValueError(f"loader must be {self.framework!r} (the framework's own) or 'directload', "
                              f"got {self.loader!r}")
         self.layers, self.fanouts = resolve_depth(self.layers, self.fanouts)
-        if self.lookahead != "auto" and (not isinstance(self.lookahead, int) or self.lookahead < 1):
-            raise ValueError(f"lookahead must be an integer >= 1 or 'auto', got {self.lookahead!r}")
+        from directload.loaders.pipeline import check_lookahead
+        from directload.stores.cache import POLICY_NAMES, check_bytes
+
+        check_lookahead(self.lookahead)  # the loaders' own check
         for name in ("hidden", "heads", "batch_size", "eval_batch_size", "epochs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -109,14 +111,9 @@ class TrainConfig:
             raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
         if self.features not in FEATURE_MODES:
             raise ValueError(f"features must be one of {FEATURE_MODES}, got {self.features!r}")
-        for name in ("gpu_cache", "host_cache"):
-            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int) \
-                    or getattr(self, name) < 0:
-                raise ValueError(f"{name} must be a number of bytes >= 0, got {getattr(self, name)!r}")
-        if self.staging is not None and (not isinstance(self.staging, int) or self.staging < 0):
-            raise ValueError(f"staging must be a number of bytes >= 0 or None, got {self.staging!r}")
-        from directload.stores.cache import POLICY_NAMES
-
+        for name in ("gpu_cache", "host_cache", "staging"):  # the caches' own check (staging may be None)
+            if name != "staging" or self.staging is not None:
+                check_bytes(name, getattr(self, name))
         if self.policy not in POLICY_NAMES:
             raise ValueError(f"policy must be one of {POLICY_NAMES}, got {self.policy!r}")
         if self.eval_nodes < 0:

@@ -35,7 +35,7 @@ from directload.kernels.tiered import fill_slots, flat_where, gather_tiered
 from .base import FeatureStore, ReadFuture, _as_index
 from .policies import POLICIES, LookAhead, Policy
 
-__all__ = ["Cache", "HostCache", "DeviceCache", "make_policy", "POLICY_NAMES"]
+__all__ = ["Cache", "HostCache", "DeviceCache", "make_policy", "check_bytes", "POLICY_NAMES"]
 
 #: Policy names a cache takes (or pass a Policy, or a callable ``capacity -> Policy``).
 POLICY_NAMES = ("lookahead", *POLICIES)
@@ -86,7 +86,8 @@ def _page_aligned(nbytes):
     return raw[start:start + nbytes]
 
 
-def _check_bytes(name, value):
+def check_bytes(name, value):
+    """``value`` as an int number of bytes >= 0, else ``ValueError`` naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ValueError(f"{name} must be an integer number of bytes >= 0, got {value!r}")
     return int(value)
@@ -117,8 +118,8 @@ class Cache(FeatureStore):
         if not isinstance(fallback, FeatureStore):
             raise TypeError(f"fallback must be a directload FeatureStore, not {type(fallback).__name__}")
         fallback._check_open()
-        capacity_bytes = _check_bytes("capacity_bytes", capacity_bytes)
-        staging_bytes = _check_bytes("staging_bytes", staging_bytes)
+        capacity_bytes = check_bytes("capacity_bytes", capacity_bytes)
+        staging_bytes = check_bytes("staging_bytes", staging_bytes)
         self.fallback = fallback
         rnb, n = fallback.row_nbytes, fallback.num_rows
         self.capacity_rows = min(n, capacity_bytes // rnb) if rnb else 0

@@ -64,10 +64,15 @@ def test_tiered_options_are_checked_before_any_work(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["train", "--root", str(tmp_path), "--features", "tiered", "--host-cache", "lots", "--no-progress"])
     assert "not a size" in capsys.readouterr().err and not list(tmp_path.iterdir())
+    from directload.cli import build_parser
+    from directload.stores.cache import POLICY_NAMES
     from directload.train import TrainConfig
 
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    policy = next(a for a in train._actions if "--policy" in a.option_strings)
+    assert tuple(policy.choices) == POLICY_NAMES  # the command line's list (no heavy import) kept in step
     for bad in (dict(host_cache=-1), dict(gpu_cache=1.5), dict(policy="fifo"), dict(staging=-3),
-                dict(features="ssd")):
+                dict(features="ssd"), dict(lookahead=0), dict(lookahead="soon"), dict(staging=True)):
         with pytest.raises(ValueError):
             TrainConfig(**bad)
 
