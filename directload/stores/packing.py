@@ -44,9 +44,8 @@ def hot_order(counts, tiebreak=None):
 
 def renumber(src, dst, counts, *, tiebreak=None, overwrite=False, progress=True, **disk_options):
     """Write ``src`` (a disk store or ``.npy`` file) to ``dst`` with its rows in :func:`hot_order`
-    (``counts``, then ``tiebreak``),
-    plus the id map a :class:`~directload.stores.DiskStore` on ``dst`` applies.  Rows are read through a
-    DiskStore (io_uring), in file order per chunk.  Returns ``dst``.
+    (``counts``, then ``tiebreak``), plus the id map a :class:`~directload.stores.DiskStore` on ``dst``
+    applies.  Rows are read through a DiskStore (io_uring), in file order per chunk.  Returns ``dst``.
 
     ``src`` may itself be renumbered: its rows are read by their ids, so the maps compose.
     """
@@ -56,7 +55,7 @@ def renumber(src, dst, counts, *, tiebreak=None, overwrite=False, progress=True,
             raise ValueError(f"counts must have one entry per row ({store.num_rows}), got shape {counts.shape}")
 
         def fetch(ids):
-            return store.read(torch.from_numpy(ids)).reshape(len(ids), -1).view(torch.uint8).numpy()
+            return store.read(torch.from_numpy(ids)).view(torch.uint8).reshape(len(ids), store.row_nbytes).numpy()
 
         return write_disk_store(src, dst, order=hot_order(counts, tiebreak), fetch=fetch, overwrite=overwrite,
                                 progress=progress)

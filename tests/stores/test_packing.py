@@ -110,3 +110,12 @@ def test_hot_order_puts_the_most_read_first_then_the_tiebreak_then_the_old_order
     assert hot_order(counts, tiebreak=np.array([9, 0, 1, 5, 9, 7])).tolist() == [3, 1, 5, 2, 0, 4]
     with pytest.raises(ValueError, match="tiebreak"):
         hot_order(counts, tiebreak=np.ones(5))
+
+
+@pytest.mark.parametrize("shape", [(40,), (40, 0), (40, 2, 3)])
+def test_any_row_shape_can_be_renumbered(tmp_path, rng, shape):
+    table = torch.from_numpy(rng.standard_normal(shape).astype(np.float32))
+    src = write_disk_store(table, tmp_path / "a.npy", progress=False)
+    dst = renumber(src, tmp_path / "b.npy", rng.integers(0, 4, 40), progress=False)
+    with DiskStore(dst) as store:
+        assert torch.equal(store.read([39, 0, 7]), table[[39, 0, 7]])
