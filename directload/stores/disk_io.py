@@ -153,87 +153,96 @@ def _complete(i, r, block, faults, cur_off, cur_dst, cur_len, left, attempts, re
     return 0, top + 1
 
 
+# liburing's functions as external symbols: the compiled read loop names them, and LLVM resolves them in
+# the library loaded by _uring(), so the loop is cached on disk like the other kernels (compiled once, not
+# in every process: the compile took 0.8 s of each process's first read).
+_u64, _u32, _i32 = types.uint64, types.uint32, types.int32
+_get_sqe = types.ExternalFunction("io_uring_get_sqe", _u64(_u64))
+_prep_read = types.ExternalFunction("io_uring_prep_read", types.void(_u64, _i32, _u64, _u32, _u64))
+_set_data = types.ExternalFunction("io_uring_sqe_set_data64", types.void(_u64, _u64))
+_submit_and_wait = types.ExternalFunction("io_uring_submit_and_wait", _i32(_u64, _u32))
+_peek_batch = types.ExternalFunction("io_uring_peek_batch_cqe", _u32(_u64, _u64, _u32))
+_cq_advance = types.ExternalFunction("io_uring_cq_advance", types.void(_u64, _u32))
+_get_data = types.ExternalFunction("io_uring_cqe_get_data64", _u64(_u64))
+
 _URING = None
 _URING_LOCK = threading.Lock()
-_RUN = None
 
 
 def _uring():
-    global _URING, _RUN
+    """liburing's functions (``{}`` where the package is missing), its library loaded for the read loop."""
+    global _URING
     with _URING_LOCK:
         if _URING is None:
             _URING = liburing_functions()
             if _URING:
-                _RUN = _make_uring_run(_URING)
+                import liburing
+                from llvmlite import binding
+
+                binding.load_library_permanently(liburing.liburing.__file__)
         return _URING
 
 
-def _make_uring_run(f):
-    get_sqe, prep_read, set_data = f["get_sqe"], f["prep_read"], f["set_data"]
-    submit_and_wait, peek_batch, cq_advance, get_data = (f["submit_and_wait"], f["peek_batch"], f["cq_advance"],
-                                                         f["get_data"])
-
-    @njit(nogil=True)
-    def run(ring, fd, offsets, lengths, dsts, needed, qd, block, retries, faults, res, cqes, submit_batch):
-        n = offsets.shape[0]
-        cur_off = offsets.astype(np.int64)
-        cur_dst = dsts.copy()
-        cur_len = lengths.astype(np.int64)
-        left = needed.copy()
-        attempts = np.zeros(n, np.int64)
-        stack = np.empty(n, np.int64)
-        top = 0
-        nxt = 0
-        inflight = 0
-        finished = 0
-        status = 0
-        stuck = 0
-        while finished < n:
-            queued = 0
-            while inflight < qd and status == 0:
-                if top > 0:
-                    i = stack[top - 1]
-                elif nxt < n:
-                    i = nxt
-                else:
-                    break
-                sqe = get_sqe(ring)
-                if sqe == 0:
-                    break
-                if top > 0:
-                    top -= 1
-                else:
-                    nxt += 1
-                prep_read(sqe, fd, np.uint64(cur_dst[i]), np.uint32(cur_len[i]), np.uint64(cur_off[i]))
-                set_data(sqe, np.uint64(i))
-                inflight += 1
-                queued += 1
-                if queued == submit_batch:  # hand these to the kernel now, not at the end of the refill
-                    queued = 0
-                    r = submit_and_wait(ring, 0)
-                    if r < 0 and r != -_EINTR and r != -_EAGAIN and r != -_EBUSY:
-                        status = r
-            if inflight == 0:
-                break  # only after a submit error: nothing is left in flight
-            r = submit_and_wait(ring, 1)
-            if r < 0 and r != -_EINTR and r != -_EAGAIN and r != -_EBUSY:  # EBUSY: reap first
-                status = r  # stop submitting; reap what is in flight so no read lands in freed memory
-            got = peek_batch(ring, cqes.ctypes.data, qd)
-            if status != 0:
-                stuck = stuck + 1 if got == 0 else 0
-                if stuck > 100000:
-                    break  # the ring refuses to submit what is queued: nothing of it is in flight
-            for j in range(got):
-                c = cqes[j]
-                i = np.int64(get_data(c))
-                done, top = _complete(i, np.int64(_load_i32(c + np.uint64(8))), block, faults, cur_off, cur_dst,
-                                      cur_len, left, attempts, retries, res, stack, top)
-                finished += done
-            cq_advance(ring, got)
-            inflight -= got
-        return status
-
-    return run
+@njit(nogil=True, cache=True)
+def _uring_run(ring, fd, offsets, lengths, dsts, needed, qd, block, retries, faults, res, cqes, submit_batch):
+    """The reads through the ring at address ``ring``, ``qd`` in flight; returns 0 or a submit error."""
+    n = offsets.shape[0]
+    cur_off = offsets.astype(np.int64)
+    cur_dst = dsts.copy()
+    cur_len = lengths.astype(np.int64)
+    left = needed.copy()
+    attempts = np.zeros(n, np.int64)
+    stack = np.empty(n, np.int64)
+    top = 0
+    nxt = 0
+    inflight = 0
+    finished = 0
+    status = 0
+    stuck = 0
+    while finished < n:
+        queued = 0
+        while inflight < qd and status == 0:
+            if top > 0:
+                i = stack[top - 1]
+            elif nxt < n:
+                i = nxt
+            else:
+                break
+            sqe = _get_sqe(ring)
+            if sqe == 0:
+                break
+            if top > 0:
+                top -= 1
+            else:
+                nxt += 1
+            _prep_read(sqe, np.int32(fd), np.uint64(cur_dst[i]), np.uint32(cur_len[i]), np.uint64(cur_off[i]))
+            _set_data(sqe, np.uint64(i))
+            inflight += 1
+            queued += 1
+            if queued == submit_batch:  # hand these to the kernel now, not at the end of the refill
+                queued = 0
+                r = _submit_and_wait(ring, np.uint32(0))
+                if r < 0 and r != -_EINTR and r != -_EAGAIN and r != -_EBUSY:
+                    status = r
+        if inflight == 0:
+            break  # only after a submit error: nothing is left in flight
+        r = _submit_and_wait(ring, np.uint32(1))
+        if r < 0 and r != -_EINTR and r != -_EAGAIN and r != -_EBUSY:  # EBUSY: reap first
+            status = r  # stop submitting; reap what is in flight so no read lands in freed memory
+        got = _peek_batch(ring, np.uint64(cqes.ctypes.data), np.uint32(qd))
+        if status != 0:
+            stuck = stuck + 1 if got == 0 else 0
+            if stuck > 100000:
+                break  # the ring refuses to submit what is queued: nothing of it is in flight
+        for j in range(got):
+            c = cqes[j]
+            i = np.int64(_get_data(c))
+            done, top = _complete(i, np.int64(_load_i32(c + np.uint64(8))), block, faults, cur_off, cur_dst,
+                                  cur_len, left, attempts, retries, res, stack, top)
+            finished += done
+        _cq_advance(ring, np.uint32(got))
+        inflight -= got
+    return status
 
 
 #: Whether io_uring can be used here: the one probe, in ``directload.capabilities``.
@@ -296,7 +305,7 @@ class UringEngine:
             k = self._free.pop()
         try:
             ring, cqes = self._rings[k]
-            status = _RUN(ctypes.addressof(ring), fd, offsets, lengths, dsts, needed, self.queue_depth, block,
+            status = _uring_run(ctypes.addressof(ring), fd, offsets, lengths, dsts, needed, self.queue_depth, block,
                           self.retries, FAULTS, res, cqes, self.submit_batch)
             if status < 0:  # entries may be left queued in the ring: start it afresh
                 self._f["queue_exit"](ctypes.addressof(ring))

@@ -5,6 +5,8 @@ import errno
 import multiprocessing
 import os
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -408,3 +410,18 @@ def test_complex_rows_are_read_to_any_device_by_the_copy_path(tmp_path, rng, eng
         # the tiered gather takes 1-8-byte elements
         assert store._read_zero_copy(store._plan(ids), len(ids), None, torch.device("cpu")) is None
         assert torch.equal(store.read(ids), table[ids])
+
+
+@pytest.mark.skipif(not disk_io.uring_available(), reason="io_uring is not usable here")
+def test_the_io_uring_read_loop_is_compiled_once_and_cached_not_in_every_process(tmp_path, rng):
+    # liburing's functions are external symbols, not ctypes pointers baked into the code: Numba can keep
+    # the compiled loop on disk (it compiled for 0.8 s in each process's first read before)
+    assert type(disk_io._uring_run._cache).__name__ != "NullCache"
+    table = random_table(rng, 64, 8, torch.float32)
+    path = write_disk_store(table.numpy(), tmp_path / "t.npy", progress=False)
+    script = ("import sys, time, torch; from directload.stores import DiskStore, disk_io\n"
+              "s = DiskStore(sys.argv[1], engine='io_uring'); s.read(torch.tensor([3]))\n"
+              "print(disk_io._uring_run.stats.cache_hits and 'hit' or 'compiled')")
+    runs = [subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, check=True)
+            for _ in range(2)]
+    assert runs[1].stdout.split()[-1] == "hit"  # the second process loads what the first one (or any) saved
