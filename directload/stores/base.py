@@ -217,6 +217,12 @@ class FeatureStore:
         self.read(torch.from_numpy(rows), out=buf.view(n, *self.row_shape), device="cpu")
         return buf, np.arange(n, dtype=np.int64) * row_elems
 
+    def hot_ids(self):
+        """The row ids most worth caching, most wanted first, where the store knows them (a disk store
+        renumbered by hotness: its file order), else None.  :meth:`~directload.stores.Cache.warm` fills a
+        cache with them."""
+        return None
+
     def prefetch(self, ids):
         """A hint that ``ids`` will be read soon (the loaders call it with each batch's ids ahead).
 

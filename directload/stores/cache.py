@@ -24,6 +24,7 @@ from collections import deque
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from directload import memory
 from directload.kernels.carriers import ELEMENT_SIZES
@@ -46,16 +47,19 @@ _AHEAD_MAX = 256  # announced batches remembered at most (a loader that stops re
 # 4 MiB chunks read 40% fewer rows ahead than 16 MiB (more per-chunk overhead, so demand reads caught up);
 # 16 MiB keeps a demand read's wait for the chunk in flight near 50 ms on this disk.
 _CHUNK_BYTES = 16 << 20
-_MATCH_SCAN = 16
-_PAGE = 4096  # announced batches a read is compared with
+_MATCH_SCAN = 16  # announced batches a read is compared with
+_PAGE = 4096
+# warm() reads this much per round: a packed file's hot rows are contiguous, so a round is a few hundred
+# merged 128 KiB reads, and it fits a disk store's one-round staging (64 MiB by default).
+_WARM_BYTES = 32 << 20
 
 
 def make_policy(policy, capacity):
     """A :class:`~directload.stores.policies.Policy` of ``capacity`` rows from a name, a policy or a
     callable ``capacity -> Policy``."""
     if isinstance(policy, str):
-        if policy == "lookahead":
-            return LookAhead(capacity)
+        if policy == "lookahead":  # evicting 1/32 more at a pass: passes over the held rows come a few batches apart
+            return LookAhead(capacity, slack=capacity // 32)
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICY_NAMES}, a Policy or a callable, not {policy!r}")
         return POLICIES[policy](capacity)
@@ -151,11 +155,13 @@ class Cache(FeatureStore):
         self._batch = 0  # reads matched to announced batches so far (the policy's clock)
         self._demand = 0  # demand reads waiting: the prefetch thread yields to them
         self._error = None
-        self._buffer = self._ahead_buffer = None
+        self._error_source = "read-ahead thread"
+        self._warmer = None
+        self._buffer = self._ahead_buffer = self._warm_buffer = None
         self._stats = dict.fromkeys(("reads", "rows", "hit_rows", "staged_rows", "miss_rows", "passthrough_rows",
                                      "prefetched_rows", "forwarded_rows", "inflight_waits", "batches_over_capacity",
                                      "demand_bytes", "prefetch_bytes", "read_s", "wait_s", "fallback_s",
-                                     "policy_s", "ahead_s", "pcie_lines"), 0)
+                                     "policy_s", "ahead_s", "pcie_lines", "warmed_rows", "warm_s"), 0)
         self._thread = None
         if self.staging_rows:
             self._thread = threading.Thread(target=self._prefetch_loop, name=f"directload-{self.tier}-prefetch",
@@ -203,6 +209,111 @@ class Cache(FeatureStore):
             absent = rows[self._slot[rows] < 0]
             self._lock.notify_all()
         self.fallback.prefetch(absent)
+
+    def hot_ids(self):
+        return self.fallback.hot_ids()
+
+    def warm(self, ids=None, *, background=False, progress=False, _after=None):
+        """Fill the cache's free room with the rows ``ids``, most wanted first, before or while training:
+        G10's eager prefetch "as soon as space allows", demand first, with Sentinel's packing.
+
+        ``None`` takes the fallback's own order (:meth:`~directload.stores.FeatureStore.hot_ids`): a disk
+        store renumbered by :func:`~directload.stores.renumber` holds its hottest rows first, so they are
+        read in long sequential reads, at the disk's bandwidth rather than its random-read rate.  Rows in
+        a slot already are skipped and nothing is evicted: the policy admits the rows that fit as cached
+        (:meth:`~directload.stores.policies.Policy.warm`) at once, and they are read in rounds of 32 MiB,
+        each round's slots claimed as it starts.  Reads of other threads go first (a round waits while
+        one waits) and find a row either cached or read on demand, never waiting for more than the round
+        in flight.  With ``background`` the rounds run on a thread of their own and this returns at once;
+        a failure there reaches the next read, and :meth:`close` stops it between rounds.
+
+        Returns the number of rows admitted (read in, unless a read on demand took them first or
+        ``background``: ``stats()["warmed_rows"]`` counts those read in).
+        """
+        self._check_open()
+        if ids is None:
+            ids = self.hot_ids()
+            if ids is None:
+                raise ValueError(f"{self.fallback!r} knows no hot rows: pass the ids to warm (e.g. hot_order of "
+                                 f"access_counts over pre-sampled batches), or renumber the file (renumber)")
+        index = _as_index(ids)
+        self._check_bounds(index)
+        ids = index.cpu().numpy().astype(np.int64, copy=False)
+        _, first = np.unique(ids, return_index=True)
+        ids = ids[np.sort(first)]  # distinct, in the order given
+        with self._lock:
+            self._raise_failure()
+            if self._warmer is not None and self._warmer.is_alive():
+                raise RuntimeError(f"the {self.tier} cache is warming already (warm(background=True))")
+            want = ids[self._slot[ids] == -1]
+            want = want[:max(0, self.capacity_rows - int(np.count_nonzero(self._kind == _CACHED)))]
+            keep = self.policy.warm(want)  # at once, so the policy's order among them is the one given
+            self._evict(np.unique(self.policy.take_evicted()))  # none while it had room
+            rows = want[keep]
+        if not background:
+            self._warm_rows(rows, progress)
+            return int(rows.shape[0])
+        self._warmer = threading.Thread(target=self._warm_thread, args=(rows, _after), daemon=True,
+                                        name=f"directload-{self.tier}-warm")
+        self._warmer.start()
+        return int(rows.shape[0])
+
+    def _warm_thread(self, rows, after):
+        try:
+            if after is not None:  # a lower tier warming: its rows are this one's source
+                after.join()
+            self._warm_rows(rows, False)
+        except BaseException as exc:  # the consumer hears of it at its next read
+            with self._lock:
+                self._error, self._error_source = exc, "warm thread"
+                self._lock.notify_all()
+
+    def _warm_rows(self, rows, progress):
+        """Read the admitted ``rows`` into slots, a round at a time; rows a reader brought in meanwhile, or
+        that the policy let go, are skipped."""
+        t0 = time.perf_counter()
+        step = max(1, _WARM_BYTES // max(self.row_nbytes, 1))
+        try:
+            with tqdm(total=rows.shape[0] * self.row_nbytes, unit="B", unit_scale=True,
+                      desc=f"warming the {self.tier} cache", disable=not progress) as bar:
+                for a in range(0, rows.shape[0], step):
+                    with self._lock:
+                        while self._demand and not self._closed:  # demand first
+                            self._lock.wait(0.05)
+                        if self._closed:
+                            return
+                        r = rows[a:a + step]
+                        r = r[(self._slot[r] == -1) & self.policy.contains(r)]
+                        slots = np.asarray(self._claim(min(r.shape[0], len(self._free))), np.int64)
+                        r = r[:slots.shape[0]]
+                        self._slot[r] = slots
+                        self._kind[slots] = _INFLIGHT  # readers wait for them; the read-ahead leaves them alone
+                        self._staged_for[slots] = -2
+                    try:
+                        if r.size:
+                            flat, offs = self._as_slots(*self.fallback._stage(r, self._take_warm))
+                            fill_slots(self._rows, slots, flat, offs)
+                            if self._rows.is_cuda:
+                                torch.cuda.current_stream(self._rows.device).synchronize()
+                    except BaseException:
+                        with self._lock:
+                            self._free_slots(r, slots)
+                        raise
+                    with self._lock:
+                        kept = self.policy.contains(r)  # a reader's batch may have evicted some meanwhile
+                        self._kind[slots[kept]] = _CACHED
+                        self._free_slots(r[~kept], slots[~kept])
+                        self._stats["warmed_rows"] += int(kept.sum())
+                        self._lock.notify_all()
+                    bar.update(min(step, rows.shape[0] - a) * self.row_nbytes)
+        finally:
+            self._warm_buffer = None
+            with self._lock:
+                self._stats["warm_s"] += time.perf_counter() - t0
+
+    def _take_warm(self, nbytes):
+        """:meth:`warm`'s own staging buffer (freed when it returns)."""
+        return self._grown_buffer("_warm_buffer", nbytes)
 
     def _drop(self, entry):
         """An announced batch that will not be read (skipped): its staged rows need not wait for it."""
@@ -487,7 +598,7 @@ class Cache(FeatureStore):
                     self._lock.notify_all()
         except BaseException as exc:  # the consumer hears of it at its next read
             with self._lock:
-                self._error = exc
+                self._error, self._error_source = exc, "read-ahead thread"
                 self._lock.notify_all()
 
     def _next_task(self):
@@ -509,7 +620,7 @@ class Cache(FeatureStore):
 
     def _raise_failure(self):
         if self._error is not None:
-            raise RuntimeError(f"the {self.tier} cache's read-ahead thread failed: {self._error!r}") from self._error
+            raise RuntimeError(f"the {self.tier} cache's {self._error_source} failed: {self._error!r}") from self._error
 
     # ------------------------------------------------------------ counters
     def stats(self):
@@ -551,9 +662,10 @@ class Cache(FeatureStore):
     def _close(self):
         with self._lock:
             self._lock.notify_all()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=30)
-        self._buffer = self._ahead_buffer = None
+        for thread in (self._thread, self._warmer):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout=30)
+        self._buffer = self._ahead_buffer = self._warm_buffer = None
 
     def __repr__(self):
         state = ", closed" if self._closed else ""

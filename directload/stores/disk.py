@@ -248,6 +248,12 @@ class DiskStore(FeatureStore):
         return _reopen, (str(self.path), self._options)
 
     # ---------------------------------------------------------------- reads
+    def hot_ids(self):
+        """A renumbered store's ids in file order, hottest first (None for a file in its own order)."""
+        if self.id_map is None:
+            return None
+        return np.argsort(self.id_map, kind="stable")
+
     def _read_async(self, index, out, run_device, out_device):
         self._this_process()
         # A copy: the read runs later, and the caller may reuse its ids (or the array they share) at once.

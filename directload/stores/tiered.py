@@ -90,6 +90,26 @@ class TieredStore(FeatureStore):
         self._check_open()
         self.top.prefetch(ids)
 
+    def hot_ids(self):
+        return self.tiers[-1].hot_ids()
+
+    def warm(self, ids=None, *, background=False, progress=False):
+        """Fill each cache tier's free room with ``ids`` (most wanted first; ``None``: the store's own order
+        of hotness, :meth:`hot_ids`), host tier first, so the GPU tier's rows come from host memory
+        (with ``background``, the GPU tier's thread starts once the host tier's is done).
+        Returns ``{tier name: rows admitted}``.  See :meth:`~directload.stores.Cache.warm`."""
+        self._check_open()
+        if ids is None:
+            ids = self.hot_ids()
+            if ids is None:
+                raise ValueError(f"{self.tiers[-1]!r} knows no hot rows: pass the ids to warm, or renumber the "
+                                 f"file by hotness (directload.stores.renumber)")
+        out, below = {}, None
+        for cache in self.tiers[-2::-1]:
+            out[cache.tier] = cache.warm(ids, background=background, progress=progress, _after=below)
+            below = cache._warmer
+        return out
+
     def stats(self):
         """``{tier name: that tier's counters}``, top first (a disk's under ``"disk"``)."""
         out = {}

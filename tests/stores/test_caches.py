@@ -339,3 +339,197 @@ def test_every_dtype_and_row_shape_goes_through_the_tiers(rng, dtype, shape):
             assert torch.equal(bits(got), bits(table[torch.from_numpy(b)]))
         out = torch.empty((3, *shape[1:]), dtype=dtype)
         assert store.read([7, 0, 7], out=out) is out and torch.equal(bits(out), bits(table[[7, 0, 7]]))
+
+
+# ------------------------------------------------------------------------------------------------- warm
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_warm_fills_the_free_room_most_wanted_first_and_those_rows_then_hit(rng, policy):
+    table = random_table(rng, 200, 6, torch.float32)
+    cache = HostCache(TensorStore(table), 50 * 24, policy, staging_bytes=10 * 24)
+    wanted = rng.permutation(200)
+    assert cache.warm(np.concatenate([wanted[:3], wanted])) == 50  # repeats count once; room for 50
+    s = cache.stats()
+    assert s["warmed_rows"] == 50 and s["cached_rows"] == 50 and s["warm_s"] > 0
+    assert s["hit_rows"] == s["miss_rows"] == 0  # filling is not reading
+    first = wanted[:50]
+    got = cache.read(torch.from_numpy(first))
+    assert torch.equal(bits(got), bits(table[torch.from_numpy(first)]))
+    assert cache.stats()["hit_rows"] == 50 and cache.stats()["miss_rows"] == 0
+    assert cache.warm(wanted) == 0  # full: nothing is evicted for it
+    assert cache.stats()["cached_rows"] == 50
+    cache.close()
+
+
+def test_warm_skips_rows_already_held_and_leaves_room_it_was_not_given(rng):
+    table = random_table(rng, 100, 4, torch.float32)
+    cache = HostCache(TensorStore(table), 40 * 16, "lookahead")
+    cache.read([1, 2, 3])
+    assert cache.warm([3, 2, 50, 51]) == 2
+    assert cache.stats()["cached_rows"] == 5
+    got = cache.read([1, 2, 3, 50, 51, 52])
+    assert torch.equal(got, table[[1, 2, 3, 50, 51, 52]])
+    assert cache.stats()["hit_rows"] == 5 and cache.stats()["miss_rows"] == 4  # 1, 2, 3 first, then 52
+    cache.close()
+
+
+def test_a_warmed_lookahead_cache_evicts_the_least_wanted_warm_rows_first(rng):
+    table = random_table(rng, 100, 2, torch.float32)
+    cache = HostCache(TensorStore(table), 10 * 8, "lookahead")
+    cache.warm(np.arange(10))  # 0 most wanted, 9 least
+    cache.read(np.arange(50, 54))  # four new rows must come in: four warm rows go
+    kept = cache.policy.contains(np.arange(10))
+    assert kept.tolist() == [True] * 6 + [False] * 4
+    assert torch.equal(cache.read(np.arange(10)), table[:10])
+    cache.close()
+
+
+def test_warm_of_a_packed_disk_store_takes_its_hot_rows_in_file_order(tmp_path, rng):
+    from directload.stores import renumber
+
+    table = random_table(rng, 300, 16, torch.float32)
+    path = write_disk_store(table.numpy(), tmp_path / "t.npy", progress=False)
+    counts = np.zeros(300, np.int64)
+    hot = rng.choice(300, 40, replace=False)
+    counts[hot] = rng.integers(1, 9, 40)
+    packed = renumber(path, tmp_path / "p.npy", counts, progress=False)
+    with DiskStore(path) as plain:
+        assert plain.hot_ids() is None
+        with HostCache(plain, 40 * 64) as cache, pytest.raises(ValueError, match="knows no hot rows"):
+            cache.warm()
+    with DiskStore(packed) as disk:
+        order = disk.hot_ids()
+        assert sorted(order[:40].tolist()) == sorted(hot.tolist())  # the hot rows lead the file
+        assert np.array_equal(disk.id_map[order], np.arange(300))
+        with HostCache(disk, 40 * 64, "lru") as cache:
+            assert cache.warm() == 40
+            assert disk.stats()["reads"] == 1  # 40 rows of 64 B side by side: one merged read
+            got = cache.read(torch.from_numpy(hot))
+            assert torch.equal(bits(got), bits(table[torch.from_numpy(hot)]))
+            assert cache.stats()["hit_rows"] == 40
+
+
+def test_a_tiered_store_warms_host_then_device_and_reads_right(tmp_path, rng):
+    from directload.stores import renumber
+
+    table = random_table(rng, 256, 8, torch.float32)
+    counts = np.arange(256)[::-1].copy()  # row 0 hottest
+    packed = renumber(write_disk_store(table.numpy(), tmp_path / "t.npy", progress=False), tmp_path / "p.npy",
+                      counts, progress=False)
+    with TieredStore(packed, gpu_bytes=8 * 32, host_bytes=32 * 32, staging_bytes=0) as store:
+        assert store.warm() == {"host": 32, "device": 8}
+        s = store.stats()
+        assert s["host"]["cached_rows"] == 32 and s["device"]["cached_rows"] == 8
+        assert s["host"]["hit_rows"] == 8  # the device tier's rows came from the host tier
+        ids = torch.arange(40)
+        assert torch.equal(store.read(ids), table[:40])
+        s = store.stats()
+        assert s["device"]["hit_rows"] == 8 and s["host"]["hit_rows"] == 8 + 24 and s["host"]["miss_rows"] == 8
+    with TieredStore(TensorStore(table), host_bytes=64) as store, pytest.raises(ValueError, match="no hot rows"):
+        store.warm()
+
+
+def test_warm_refuses_bad_ids_before_reading_and_a_failed_read_gives_its_slots_back(rng):
+    table = random_table(rng, 100, 2, torch.float32)
+    flaky = _Flaky(table, ok=0)
+    cache = HostCache(flaky, 30 * 8, "lru")
+    with pytest.raises(IndexError):
+        cache.warm([1, 100])
+    with pytest.raises(TypeError):
+        cache.warm(np.array([1.5, 2.0]))
+    assert flaky.ok == 0  # nothing was read
+    with pytest.raises(OSError, match="simulated"):
+        cache.warm(np.arange(10))
+    s = cache.stats()
+    assert s["cached_rows"] == 0 and s["warmed_rows"] == 0
+    assert len(cache._free) == 30  # every slot is free again
+    flaky.ok = None
+    assert torch.equal(cache.read(np.arange(10)), table[:10])  # the policy kept them; the rows come in now
+    assert cache.warm(np.arange(20)) == 10
+    cache.close()
+    with pytest.raises(ClosedError):
+        cache.warm([1])
+
+
+def test_reads_from_another_thread_while_warming_are_right(rng):
+    table = random_table(rng, 2000, 16, torch.float32)
+    cache = HostCache(_Flaky(table, delay=0.002), 1500 * 64, "lookahead", staging_bytes=100 * 64)
+    errors = []
+
+    def reader():
+        r = np.random.default_rng(1)
+        try:
+            for _ in range(40):
+                b = r.integers(0, 2000, 50)
+                if not torch.equal(cache.read(b), table[torch.from_numpy(b)]):
+                    errors.append("wrong rows")
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            errors.append(repr(exc))
+
+    t = threading.Thread(target=reader)
+    t.start()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("directload.stores.cache._WARM_BYTES", 64 * 64)  # many rounds, so reads interleave
+        cache.warm(rng.permutation(2000))
+    t.join(30)
+    assert not t.is_alive() and not errors
+    assert torch.equal(cache.read(np.arange(2000)), table)
+    assert cache.stats()["cached_rows"] <= 1500
+    cache.close()
+
+
+def test_a_background_warm_returns_at_once_and_reads_meanwhile_are_right(rng):
+    table = random_table(rng, 3000, 16, torch.float32)
+    cache = HostCache(_Flaky(table, delay=0.003), 2000 * 64, "lru", staging_bytes=100 * 64)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("directload.stores.cache._WARM_BYTES", 100 * 64)  # 20 rounds of 3 ms at least
+        t0 = time.perf_counter()
+        assert cache.warm(np.arange(3000)[::-1], background=True) == 2000
+        assert time.perf_counter() - t0 < 0.05
+        with pytest.raises(RuntimeError, match="warming already"):
+            cache.warm([1], background=True)
+        for b in [rng.integers(1000, 3000, 64) for _ in range(10)]:  # rows it warms: none is evicted
+            assert torch.equal(cache.read(b), table[torch.from_numpy(b)])
+        cache._warmer.join(30)
+    s = cache.stats()
+    assert s["cached_rows"] == 2000 and s["warmed_rows"] + s["miss_rows"] >= 2000 - 640
+    assert torch.equal(cache.read(np.arange(1000, 3000)), table[1000:])
+    assert cache.stats()["miss_rows"] == s["miss_rows"]  # the warmed rows all hit
+    cache.close()
+
+
+def test_a_failing_background_warm_reaches_the_reader_and_close_never_hangs(rng):
+    table = random_table(rng, 500, 2, torch.float32)
+    cache = HostCache(_Flaky(table, fail_over=4), 400 * 8, "lru")
+    cache.warm(np.arange(400), background=True)  # reads of more than 4 rows fail
+    cache._warmer.join(10)
+    with pytest.raises(RuntimeError, match="warm thread failed") as info:
+        cache.read([1, 2])
+    assert isinstance(info.value.__cause__, OSError)
+    assert cache.stats()["cached_rows"] == 0
+    cache.close()
+    slow = HostCache(_Flaky(table, delay=0.2), 400 * 8, "lru")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("directload.stores.cache._WARM_BYTES", 8 * 8)  # 50 rounds of 0.2 s
+        slow.warm(np.arange(400), background=True)
+        time.sleep(0.05)
+        t0 = time.perf_counter()
+        slow.close()  # stops between rounds
+    assert time.perf_counter() - t0 < 2 and not slow._warmer.is_alive()
+
+
+def test_a_tiered_background_warm_fills_the_device_tier_after_the_host_tier(tmp_path, rng):
+    from directload.stores import renumber
+
+    table = random_table(rng, 512, 8, torch.float32)
+    counts = np.arange(512)[::-1].copy()
+    packed = renumber(write_disk_store(table.numpy(), tmp_path / "t.npy", progress=False), tmp_path / "p.npy",
+                      counts, progress=False)
+    with TieredStore(packed, gpu_bytes=16 * 32, host_bytes=128 * 32, staging_bytes=0) as store:
+        assert store.warm(background=True) == {"host": 128, "device": 16}
+        device, host = store.tiers[0], store.tiers[1]
+        device._warmer.join(30)
+        assert not host._warmer.is_alive()
+        assert host.stats()["warmed_rows"] == 128 and device.stats()["warmed_rows"] == 16
+        assert store.tiers[-1].stats()["reads"] == 1  # the host tier's 128 side-by-side rows; the device's from it
+        assert torch.equal(store.read(torch.arange(128)), table[:128])
+        assert device.stats()["hit_rows"] == 16 and host.stats()["miss_rows"] == 0

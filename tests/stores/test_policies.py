@@ -139,3 +139,20 @@ def test_lookahead_falls_back_to_frequency_when_asked_and_refuses_other_orders()
     assert q.cached() == {2, 4}  # recency keeps the most recent
     with pytest.raises(ValueError, match="fallback"):
         LookAhead(3, fallback="size")
+
+
+@pytest.mark.parametrize("make", [LRU, Clock, Sieve, S3FIFO, LookAhead])
+def test_warm_admits_while_there_is_room_evicts_nothing_and_counts_no_access(make):
+    p = make(10)
+    p.access(np.array([1, 2, 3]))
+    got = p.warm(np.array([3, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29]))
+    assert got.tolist() == [True] * 8 + [False] * 3  # 3 already held, then room for 7 of the rest
+    assert len(p.take_evicted()) == 0 and len(p.cached()) == 10
+    assert p.warm(np.array([40, 41])).tolist() == [False, False]  # full: nothing goes for them
+    assert p.access(np.array([1, 20, 26])).all()  # warmed rows hit like any cached row
+
+
+def test_a_static_policy_warms_only_the_rows_it_keeps():
+    p = degree(3, np.array([0, 9, 1, 8, 7]))
+    assert p.warm(np.array([0, 1, 3])).tolist() == [False, True, True]
+    assert p.cached() == {1, 3, 4}

