@@ -100,6 +100,31 @@ def _synth(args):
     return 0
 
 
+def _pack(args):
+    import time
+
+    from directload.capabilities import require
+    from directload.datasets import PRESETS, check_name, dataset_exists, load, synthesize
+    from directload.train import TrainConfig, pack, resolve_depth
+
+    check_name(args.name)
+    layers, fanouts = resolve_depth(None, args.fanouts)
+    require({"dgl": "dgl", "pyg": "torch_geometric"}[args.framework])
+    if args.name in PRESETS and not dataset_exists(args.root, args.name):
+        synthesize(args.root, args.name, progress=not args.no_progress)
+    args.dataset, args.features = args.name, "disk"
+    _feature_files(args, "disk")  # the disk store it renumbers, written first if missing
+    dataset = load(args.root, args.name)
+    cfg = TrainConfig(framework=args.framework, loader="directload", layers=layers, fanouts=fanouts,
+                      batch_size=args.batch_size)
+    t0 = time.perf_counter()
+    path, counts = pack(dataset, cfg, args.epochs, progress=not args.no_progress)
+    seen = int((counts > 0).sum())
+    print(f"wrote {path} in {time.perf_counter() - t0:.1f} s: {seen} of {dataset.num_nodes} rows read in "
+          f"{args.epochs} pre-sampled epochs, now the file's first {seen} rows")
+    return 0
+
+
 def _convert(args):
     from directload.datasets import convert
 
@@ -199,6 +224,10 @@ def add_train_arguments(p):
                         "each epoch's from the last one's stage times")
     p.add_argument("--policy", default="lookahead", choices=["lookahead", "lru", "clock", "sieve", "s3fifo"],
                    help="the caches' policy with --features tiered")
+    p.add_argument("--packed", action="store_true",
+                   help="with --features disk or tiered: read the dataset's packed disk store (hot rows first, "
+                        "written by `directload dataset pack`), and with tiered fill the caches with its hot rows "
+                        "before the first epoch, in long sequential reads")
     p.add_argument("--eval-batch-size", type=_positive_int, default=4096,
                    help="seed nodes per evaluation mini-batch (a small host wants fewer: each batch's input rows "
                         "are gathered at once)")
@@ -261,7 +290,7 @@ def run_training(args, models, loaders, seeds, name):
                        eval_batch_size=getattr(args, "eval_batch_size", 4096),
                        gpu_cache=getattr(args, "gpu_cache", 0), host_cache=getattr(args, "host_cache", 0),
                        staging=getattr(args, "staging", None), policy=getattr(args, "policy", "lookahead"),
-                       lookahead=getattr(args, "lookahead", 4))
+                       lookahead=getattr(args, "lookahead", 4), packed=getattr(args, "packed", False))
     rows = compare(dataset, base, models=models, loaders=loaders, seeds=seeds, progress=not args.no_progress)
     meta = {"dataset": args.dataset, "framework": args.framework, "device": str(device), "nodes": dataset.num_nodes,
             "edges": dataset.num_edges, "feats": int(dataset.feat.shape[1]), "epochs": args.epochs,
@@ -291,6 +320,13 @@ def _feature_files(args, features):
         from directload.stores import write_disk_store
 
         write_disk_store(npy, store, progress=not args.no_progress)
+    if getattr(args, "packed", False):
+        from directload.train import PACKED_FILE
+
+        if not (base / PACKED_FILE).exists():
+            raise FileNotFoundError(f"{base / PACKED_FILE} does not exist: write it with `directload dataset pack "
+                                    f"--name {args.dataset}`")
+        return [npy, store, base / PACKED_FILE]
     return [npy, store]
 
 
@@ -321,7 +357,7 @@ def build_parser():
     p.set_defaults(func=_info)
 
     ds = command(sub, "dataset", "generate a synthetic dataset or convert an OGB one")
-    ds_sub = ds.add_subparsers(dest="action", required=True, metavar="{synth,convert}")
+    ds_sub = ds.add_subparsers(dest="action", required=True, metavar="{synth,convert,pack}")
     p = command(ds_sub, "synth", "generate a synthetic node-classification dataset in OGB's on-disk layout")
     p.add_argument("--root", default="data", help="directory to write the dataset into")
     p.add_argument("--name", default="synth-small",
@@ -352,6 +388,20 @@ def build_parser():
     p.add_argument("--overwrite", action="store_true", help="replace a disk store directload wrote before")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_convert)
+
+    p = command(ds_sub, "pack", "write a dataset's packed disk store: its rows renumbered hottest first, by how "
+                                "often pre-sampled epochs of the training sampler read them (train --packed "
+                                "reads it)")
+    p.add_argument("--root", default="data", help="directory that holds the dataset")
+    p.add_argument("--name", default="synth-small", help="the dataset (its disk store is written first if missing)")
+    p.add_argument("--framework", choices=["dgl", "pyg"], default=_default_framework(),
+                   help="whose sampler pre-samples the epochs (default: whichever is installed, DGL first)")
+    p.add_argument("--fanouts", type=int, nargs="+", default=None,
+                   help="neighbours sampled per layer, as train's --fanouts (default 15 10 5)")
+    p.add_argument("--batch-size", type=_positive_int, default=1024, help="seed nodes per mini-batch, as train's")
+    p.add_argument("--epochs", type=_positive_int, default=3, help="epochs pre-sampled for the profile")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=_pack)
 
     st = command(sub, "store", "check a disk store")
     st_sub = st.add_subparsers(dest="action", required=True, metavar="{verify}")

@@ -30,12 +30,13 @@ def compare(dataset, base, *, models=("sage",), loaders=("dgl", "directload"), s
     for model in models:
         for seed in seeds:
             for loader in loaders:
-                cfg = TrainConfig(**{**asdict(base), "model": model, "loader": loader, "seed": seed})
+                cfg = TrainConfig(**{**asdict(base), "model": model, "loader": loader, "seed": seed,
+                                     "packed": base.packed and loader == "directload"})
                 t0 = time.perf_counter()
                 res = train(dataset, cfg, progress=progress)
                 rows.append({"model": model, "loader": loader, "seed": seed, "wall_s": time.perf_counter() - t0,
                              "valid_acc": res.valid_acc, "test_acc": res.test_acc,
-                             "epochs": [asdict(e) for e in res.epochs], "config": res.config})
+                             "epochs": [asdict(e) for e in res.epochs], "config": res.config, "warm": res.warm})
     return rows
 
 
@@ -70,6 +71,8 @@ def summarize(rows):
         for key in TIME_KEYS:
             row[key] = statistics.median(_steady(r["epochs"], key) for r in rs)
         row["first_epoch_s"] = statistics.median(r["epochs"][0]["epoch_s"] for r in rs)
+        if all(r.get("warm") for r in rs):  # packed tiers: the caches filled before the first epoch
+            row["warm_s"] = statistics.median(r["warm"]["seconds"] for r in rs)
         ios = [e["io"] for r in rs for e in r["epochs"][1:] or r["epochs"] if e.get("io")]
         if ios:  # the disk store's counters over the steady epochs
             row["disk"] = {key: statistics.median(io[key] for io in ios) for key in ios[0]}

@@ -90,6 +90,7 @@ class TrainConfig:
     host_cache: int = 0
     staging: int = None
     policy: str = "lookahead"
+    packed: bool = False  # read the packed copy (dataset pack) and warm the caches with its hot rows
 
     def __post_init__(self):
         if self.model not in ("sage", "gat"):
@@ -114,6 +115,9 @@ class TrainConfig:
         for name in ("gpu_cache", "host_cache", "staging"):  # the caches' own check (staging may be None)
             if name != "staging" or self.staging is not None:
                 check_bytes(name, getattr(self, name))
+        if self.packed and (self.features == "memory" or self.loader != "directload"):
+            raise ValueError("packed reads the packed disk store (directload dataset pack): it needs "
+                             "loader='directload' and features 'disk' or 'tiered'")
         if self.policy not in POLICY_NAMES:
             raise ValueError(f"policy must be one of {POLICY_NAMES}, got {self.policy!r}")
         if self.eval_nodes < 0:
@@ -161,6 +165,7 @@ class RunResult:
     epochs: list = field(default_factory=list)
     test_acc: float = float("nan")
     valid_acc: float = float("nan")
+    warm: dict = None  # packed tiered runs: the caches' fill started before the first epoch (rows per tier)
 
 
 class TimedTable(torch.Tensor):
@@ -195,9 +200,12 @@ def _seed(fw, seed):
 
 
 DISK_FILE = "disk/node-feat.npy"
+#: The disk store with its rows renumbered by hotness (``directload dataset pack``), hot rows first.
+PACKED_FILE = "disk/node-feat.packed.npy"
 _IO_KEYS = ("reads", "bytes_read", "read_amplification", "iops", "gb_per_s", "cpu_us_per_read", "io_seconds")
 _TIER_KEYS = ("hit_rate", "slot_rate", "hit_rows", "staged_rows", "miss_rows", "prefetched_rows", "forwarded_bytes",
-              "fallback_bytes", "passthrough", "read_s", "wait_s", "fallback_s", "policy_s", "pcie_bytes")
+              "fallback_bytes", "passthrough", "read_s", "wait_s", "fallback_s", "policy_s", "pcie_bytes",
+              "warmed_rows")
 #: Where directload's loader reads features: the dataset's table, its disk store, or tiers over the disk.
 FEATURE_MODES = ("memory", "disk", "tiered")
 
@@ -208,7 +216,7 @@ def feature_store(dataset, cfg):
     (``features="tiered"``, with ``cfg``'s cache budgets and policy), opened once per run."""
     if cfg.features == "memory" or cfg.loader != "directload":
         return None
-    disk = disk_store(dataset)
+    disk = disk_store(dataset, packed=cfg.packed)
     if cfg.features == "disk":
         return disk
     store = getattr(dataset, "_tiered_store", None)
@@ -231,20 +239,53 @@ def _tier_stats(store):
     return out
 
 
-def disk_store(dataset):
-    """The dataset's features as a :class:`~directload.stores.DiskStore` (``<dataset>/disk/node-feat.npy``),
-    opened once per dataset object.  ``directload dataset convert --to disk`` writes it."""
-    store = getattr(dataset, "_disk_store", None)
+def disk_store(dataset, packed=False):
+    """The dataset's features as a :class:`~directload.stores.DiskStore` (``<dataset>/disk/node-feat.npy``,
+    or with ``packed`` its copy renumbered by hotness), opened once per dataset object.
+    ``directload dataset convert --to disk`` writes the first, ``directload dataset pack`` the second."""
+    attr = "_packed_store" if packed else "_disk_store"
+    store = getattr(dataset, attr, None)
     if store is None or store.closed:
         from directload.stores import DiskStore
 
-        path = dataset.path / DISK_FILE
+        path = dataset.path / (PACKED_FILE if packed else DISK_FILE)
         if not path.exists():
-            raise FileNotFoundError(f"{path} does not exist: write it with `directload dataset convert --to disk "
-                                    f"--name {dataset.name}`")
+            how = "dataset pack" if packed else "dataset convert --to disk"
+            raise FileNotFoundError(f"{path} does not exist: write it with `directload {how} --name {dataset.name}`")
         store = DiskStore(path)
-        dataset._disk_store = store
+        setattr(dataset, attr, store)
     return store
+
+
+def profile_counts(dataset, cfg, epochs, *, progress=True):
+    """How many of ``epochs`` pre-sampled epochs' batches read each row (GNNLab's presampling), with
+    ``cfg``'s framework, sampler, fanouts and batch size over the training split.  No features are read."""
+    from directload.stores import access_counts
+
+    fw = _framework(cfg)
+    _seed(fw, cfg.seed + 1)  # draws of their own: not the batches the training run will sample
+    ids = dataset.split["train"]
+    batches = (b for _ in range(epochs) for b in fw.input_nodes(cfg, dataset, ids, cfg.batch_size))
+    total = epochs * -(-len(ids) // cfg.batch_size)
+    return access_counts(tqdm(batches, total=total, desc="pre-sampling", unit="batch", disable=not progress),
+                         dataset.num_nodes)
+
+
+def pack(dataset, cfg, epochs=3, *, progress=True):
+    """Write the dataset's packed disk store (:data:`PACKED_FILE`): its disk store with the rows renumbered
+    hottest first (:func:`~directload.stores.renumber`), by :func:`profile_counts` over ``epochs`` epochs,
+    rows read equally often by in-degree.  Returns ``(path, counts)``."""
+    from directload.stores import renumber
+
+    counts = profile_counts(dataset, cfg, epochs, progress=progress)
+    degree = np.bincount(np.asarray(dataset.edge_index[1]), minlength=dataset.num_nodes)
+    src = disk_store(dataset).path
+    for attr in ("_disk_store", "_packed_store"):  # the copy is rewritten: close what reads it
+        store = getattr(dataset, attr, None)
+        if store is not None:
+            store.close()
+    path = renumber(src, dataset.path / PACKED_FILE, counts, tiebreak=degree, overwrite=True, progress=progress)
+    return path, counts
 
 
 def memmap_features(dataset):
@@ -308,6 +349,12 @@ def train(dataset, cfg, *, progress=True, evaluate_each_epoch=False):
     loader = fw.make_loader(cfg, dataset, dataset.split["train"], cfg.batch_size, True)
     store = feature_store(dataset, cfg)
     try:
+        if cfg.packed and cfg.features == "tiered":
+            # G10's eager prefetch: the hot rows stream in while the first epoch runs (its reads go first)
+            t0 = time.perf_counter()
+            rows = store.warm(background=True)
+            result.warm = {"seconds": time.perf_counter() - t0, "rows": rows,
+                           "bytes": sum(rows.values()) * store.row_nbytes}
         _epochs(dataset, cfg, fw, model, opt, loader, store, result, progress, evaluate_each_epoch)
         result.valid_acc = evaluate(model, cfg, dataset, dataset.split["valid"], fw=fw)
         result.test_acc = evaluate(model, cfg, dataset, dataset.split["test"], fw=fw)

@@ -12,7 +12,7 @@ from torch import nn  # noqa: E402
 
 from .train import TimedTable, feature_store, memmap_features  # noqa: E402
 
-__all__ = ["SAGE", "GAT", "build_model", "make_loader", "epoch", "forward", "seed"]
+__all__ = ["SAGE", "GAT", "build_model", "make_loader", "input_nodes", "epoch", "forward", "seed"]
 
 
 class SAGE(nn.Module):
@@ -82,6 +82,14 @@ def make_loader(cfg, dataset, ids, batch_size, shuffle):
     store = feature_store(dataset, cfg)
     features = {"feat": store} if store is not None else None
     return DataLoader(graph, ids, sampler, lookahead=cfg.lookahead, features=features, **kw)
+
+
+def input_nodes(cfg, dataset, ids, batch_size):
+    """The input nodes of each batch of one epoch of the run's sampler (shuffled seeds), features unread."""
+    sampler = dgl.dataloading.NeighborSampler(list(cfg.fanouts))
+    loader = dgl.dataloading.DataLoader(dataset.graph, ids, sampler, batch_size=batch_size, shuffle=True)
+    for nodes, _, _ in epoch(loader):
+        yield nodes
 
 
 def epoch(loader):

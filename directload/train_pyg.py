@@ -10,7 +10,8 @@ from torch_geometric.utils import trim_to_layer
 
 from .train import TimedTable, feature_store, memmap_features
 
-__all__ = ["SAGE", "GAT", "build_model", "make_loader", "epoch", "forward", "seed", "num_neighbors", "hop_counts"]
+__all__ = ["SAGE", "GAT", "build_model", "make_loader", "input_nodes", "epoch", "forward", "seed", "num_neighbors",
+           "hop_counts"]
 
 
 class SAGE(nn.Module):
@@ -129,6 +130,16 @@ def make_loader(cfg, dataset, ids, batch_size, shuffle):
         fs.put_tensor(store, group_name=None, attr_name="x", index=None)
         return NeighborLoader((fs, gs), lookahead=cfg.lookahead, **kw)
     return NeighborLoader(dataset.to_pyg(), lookahead=cfg.lookahead, **kw)
+
+
+def input_nodes(cfg, dataset, ids, batch_size):
+    """The nodes each batch of one epoch of the run's sampler reads (shuffled seeds), features unread."""
+    from torch_geometric.data import Data
+
+    data = Data(edge_index=dataset.edge_index, num_nodes=dataset.num_nodes)
+    for batch in PygNeighborLoader(data, num_neighbors=num_neighbors(cfg.fanouts), input_nodes=ids,
+                                   batch_size=batch_size, shuffle=True):
+        yield batch.n_id
 
 
 def epoch(loader):

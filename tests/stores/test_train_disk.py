@@ -60,6 +60,43 @@ def test_train_through_tiers_reports_each_tier_and_learns_as_the_frameworks_load
     assert abs(runs["directload"]["test_acc"] - runs[framework]["test_acc"]) < 0.08
 
 
+@pytest.mark.ogb
+@pytest.mark.parametrize("framework", frameworks())
+def test_pack_then_train_packed_warms_the_caches_from_the_hot_rows_and_learns(tmp_path, framework, capsys):
+    import numpy as np
+
+    from directload.stores import DiskStore
+
+    common = ["--root", str(tmp_path), "--framework", framework, "--fanouts", "4", "4", "--batch-size", "256",
+              "--no-progress"]
+    assert main(["train", "--dataset", "synth-tiny", "--features", "tiered", "--host-cache", "200K", "--packed",
+                 "--loader", "directload", *common]) == 1
+    assert "directload dataset pack --name synth-tiny" in capsys.readouterr().err  # not packed yet: say how
+    assert main(["dataset", "pack", "--name", "synth-tiny", "--epochs", "2", *common]) == 0
+    assert "pre-sampled epochs" in capsys.readouterr().out
+    packed = next(tmp_path.rglob("disk/node-feat.packed.npy"))
+    plain = packed.with_name("node-feat.npy")
+    with DiskStore(packed) as p, DiskStore(plain) as d:
+        assert p.id_map is not None and np.array_equal(np.sort(p.hot_ids()), np.arange(p.num_rows))
+        ids = np.random.default_rng(0).integers(0, d.num_rows, 500)
+        assert (p.read(ids) == d.read(ids)).all()  # the same rows by the same ids
+    args = ["train", "--dataset", "synth-tiny", "--features", "tiered", "--host-cache", "200K", "--gpu-cache",
+            "50K", "--staging", "100K", "--epochs", "2", "--eval-nodes", "300", "--packed", "--out",
+            str(tmp_path / "out"), *common]
+    assert main(args) == 0
+    report = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
+    runs = {r["loader"]: r for r in report["runs"]}
+    warm = runs["directload"]["warm"]
+    row_bytes, n = p.row_nbytes, p.num_rows
+    assert warm["rows"] == {"host": min(n, (200 << 10) // row_bytes), "device": min(n, (50 << 10) // row_bytes)}
+    assert warm["bytes"] == sum(warm["rows"].values()) * row_bytes and warm["seconds"] > 0
+    assert runs[framework]["warm"] is None and runs[framework]["config"]["packed"] is False
+    tiers = [e["tiers"] for e in runs["directload"]["epochs"]]
+    assert sum(t["host"]["warmed_rows"] + t["device"]["warmed_rows"] for t in tiers) > 0  # read in by the fill
+    assert tiers[1]["host"]["hit_rows"] + tiers[1]["device"]["hit_rows"] > 0
+    assert abs(runs["directload"]["test_acc"] - runs[framework]["test_acc"]) < 0.08
+
+
 def test_tiered_options_are_checked_before_any_work(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["train", "--root", str(tmp_path), "--features", "tiered", "--host-cache", "lots", "--no-progress"])
@@ -72,7 +109,8 @@ def test_tiered_options_are_checked_before_any_work(tmp_path, capsys):
     policy = next(a for a in train._actions if "--policy" in a.option_strings)
     assert tuple(policy.choices) == POLICY_NAMES  # the command line's list (no heavy import) kept in step
     for bad in (dict(host_cache=-1), dict(gpu_cache=1.5), dict(policy="fifo"), dict(staging=-3),
-                dict(features="ssd"), dict(lookahead=0), dict(lookahead="soon"), dict(staging=True)):
+                dict(features="ssd"), dict(lookahead=0), dict(lookahead="soon"), dict(staging=True),
+                dict(packed=True), dict(packed=True, features="tiered", loader="dgl")):
         with pytest.raises(ValueError):
             TrainConfig(**bad)
 
