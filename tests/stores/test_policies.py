@@ -156,3 +156,26 @@ def test_a_static_policy_warms_only_the_rows_it_keeps():
     p = degree(3, np.array([0, 9, 1, 8, 7]))
     assert p.warm(np.array([0, 1, 3])).tolist() == [False, True, True]
     assert p.cached() == {1, 3, 4}
+
+
+def test_lookahead_with_slack_frees_room_ahead_so_the_next_misses_need_no_pass():
+    p = LookAhead(64, slack=8)
+    p.access(np.arange(64))
+    assert len(p.take_evicted()) == 0
+    p.access(np.arange(100, 102))  # full: one pass keeps 56, the two newest among them
+    gone = p.take_evicted()
+    assert len(gone) == 10 and len(p.cached()) == 56 and {100, 101} <= p.cached()
+    assert set(gone.tolist()) == set(range(10))  # the least recently used first
+    p.access(np.arange(200, 208))  # fits in the room the pass left: nothing goes
+    assert len(p.take_evicted()) == 0 and len(p.cached()) == 64
+    for bad in (-1, 64, 1.5, True):
+        with pytest.raises(ValueError):
+            LookAhead(64, slack=bad)
+    assert LookAhead(0).slack == 0
+
+
+def test_a_caches_lookahead_policy_keeps_slack_the_simulators_does_not():
+    from directload.stores.cache import make_policy
+
+    assert make_policy("lookahead", 3200).slack == 100 and make_policy("lookahead", 20).slack == 0
+    assert belady(3200).slack == 0 and LookAhead(3200).slack == 0
