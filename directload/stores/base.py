@@ -223,6 +223,16 @@ class FeatureStore:
         cache with them."""
         return None
 
+    def _warm_ids(self, ids):
+        """``ids``, or where None the store's :meth:`hot_ids`; ``ValueError`` where it knows none."""
+        if ids is None:
+            ids = self.hot_ids()
+            if ids is None:
+                raise ValueError(f"{self!r} knows no hot rows: pass the ids to warm (e.g. hot_order of "
+                                 "access_counts over pre-sampled batches), or renumber the file by hotness "
+                                 "(directload.stores.renumber)")
+        return ids
+
     def prefetch(self, ids):
         """A hint that ``ids`` will be read soon (the loaders call it with each batch's ids ahead).
 

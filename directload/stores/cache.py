@@ -231,12 +231,7 @@ class Cache(FeatureStore):
         ``background``: ``stats()["warmed_rows"]`` counts those read in).
         """
         self._check_open()
-        if ids is None:
-            ids = self.hot_ids()
-            if ids is None:
-                raise ValueError(f"{self.fallback!r} knows no hot rows: pass the ids to warm (e.g. hot_order of "
-                                 f"access_counts over pre-sampled batches), or renumber the file (renumber)")
-        index = _as_index(ids)
+        index = _as_index(self._warm_ids(ids))
         self._check_bounds(index)
         ids = index.cpu().numpy().astype(np.int64, copy=False)
         _, first = np.unique(ids, return_index=True)
@@ -289,16 +284,8 @@ class Cache(FeatureStore):
                         self._slot[r] = slots
                         self._kind[slots] = _INFLIGHT  # readers wait for them; the read-ahead leaves them alone
                         self._staged_for[slots] = -2
-                    try:
-                        if r.size:
-                            flat, offs = self._as_slots(*self.fallback._stage(r, self._take_warm))
-                            fill_slots(self._rows, slots, flat, offs)
-                            if self._rows.is_cuda:
-                                torch.cuda.current_stream(self._rows.device).synchronize()
-                    except BaseException:
-                        with self._lock:
-                            self._free_slots(r, slots)
-                        raise
+                    if r.size:
+                        self._fill(r, slots, self._take_warm)
                     with self._lock:
                         kept = self.policy.contains(r)  # a reader's batch may have evicted some meanwhile
                         self._kind[slots[kept]] = _CACHED
@@ -579,15 +566,7 @@ class Cache(FeatureStore):
                     self._kind[slots] = _INFLIGHT
                     self._staged_for[slots] = j
                 t0 = time.perf_counter()
-                try:
-                    flat, offs = self._as_slots(*self.fallback._stage(rows, self._take_ahead))
-                    fill_slots(self._rows, slots, flat, offs)  # one copy, staging -> slots
-                    if self._rows.is_cuda:
-                        torch.cuda.current_stream(self._rows.device).synchronize()
-                except BaseException:
-                    with self._lock:
-                        self._free_slots(rows, slots)
-                    raise
+                self._fill(rows, slots, self._take_ahead)
                 with self._lock:
                     self._kind[slots] = _STAGED
                     self._stats["ahead_s"] += time.perf_counter() - t0
@@ -600,6 +579,19 @@ class Cache(FeatureStore):
             with self._lock:
                 self._error, self._error_source = exc, "read-ahead thread"
                 self._lock.notify_all()
+
+    def _fill(self, rows, slots, take):
+        """Read the fallback's ``rows`` into ``slots`` (claimed, marked in flight) through the buffer ``take``
+        gives, in one copy, staging -> slots; a failure gives the slots back and raises."""
+        try:
+            flat, offs = self._as_slots(*self.fallback._stage(rows, take))
+            fill_slots(self._rows, slots, flat, offs)
+            if self._rows.is_cuda:
+                torch.cuda.current_stream(self._rows.device).synchronize()
+        except BaseException:
+            with self._lock:
+                self._free_slots(rows, slots)
+            raise
 
     def _next_task(self):
         """The next chunk to read ahead: rows of the oldest announced batch that no slot holds, and free

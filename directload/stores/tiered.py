@@ -99,11 +99,7 @@ class TieredStore(FeatureStore):
         (with ``background``, the GPU tier's thread starts once the host tier's is done).
         Returns ``{tier name: rows admitted}``.  See :meth:`~directload.stores.Cache.warm`."""
         self._check_open()
-        if ids is None:
-            ids = self.hot_ids()
-            if ids is None:
-                raise ValueError(f"{self.tiers[-1]!r} knows no hot rows: pass the ids to warm, or renumber the "
-                                 f"file by hotness (directload.stores.renumber)")
+        ids = self._warm_ids(ids)
         out, below = {}, None
         for cache in self.tiers[-2::-1]:
             out[cache.tier] = cache.warm(ids, background=background, progress=progress, _after=below)
