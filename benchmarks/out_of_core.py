@@ -69,7 +69,9 @@ def pack(args):
            "--framework", "dgl", "--fanouts", *map(str, args.fanouts), "--batch-size", str(args.batch_size),
            "--epochs", str(args.pack_epochs), "--no-progress"]
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"directload dataset pack failed (exit {proc.returncode}): {proc.stderr[-600:]}")
     return time.perf_counter() - t0
 
 

@@ -316,18 +316,17 @@ def _feature_files(args, features):
     if not npy.exists():
         npy = convert(args.root, args.dataset)  # features inside OGB's archive: write the .npy first
     store = base / DISK_FILE
-    if not store.exists():
-        from directload.stores import write_disk_store
-
-        write_disk_store(npy, store, progress=not args.no_progress)
-    if getattr(args, "packed", False):
+    if getattr(args, "packed", False):  # checked first: nothing is written for a run that cannot start
         from directload.train import PACKED_FILE
 
         if not (base / PACKED_FILE).exists():
             raise FileNotFoundError(f"{base / PACKED_FILE} does not exist: write it with `directload dataset pack "
                                     f"--name {args.dataset}`")
-        return [npy, store, base / PACKED_FILE]
-    return [npy, store]
+    if not store.exists():
+        from directload.stores import write_disk_store
+
+        write_disk_store(npy, store, progress=not args.no_progress)
+    return [npy, store] + ([base / PACKED_FILE] if getattr(args, "packed", False) else [])
 
 
 def _train(args):
@@ -335,7 +334,11 @@ def _train(args):
     if args.loader in ("dgl", "pyg") and args.loader != args.framework:
         raise ValueError(f"--loader {args.loader} is {args.loader}'s own loader, but --framework is {args.framework}")
     loaders = [args.framework, "directload"] if args.loader == "both" else [args.loader]
-    dataset = args.dataset + ("" if args.features == "memory" else f"-{args.features}")
+    if args.packed and (args.features == "memory" or args.loader not in ("directload", "both")):
+        raise ValueError("--packed reads the packed disk store with directload's loader: it needs --features disk "
+                         "or tiered and --loader directload (or both)")
+    dataset = args.dataset + ("" if args.features == "memory" else f"-{args.features}") + \
+        ("-packed" if args.packed else "")
     return run_training(args, models, loaders, range(args.seeds), report_name("train", dataset, models, loaders))
 
 

@@ -280,8 +280,8 @@ def pack(dataset, cfg, epochs=3, *, progress=True):
     counts = profile_counts(dataset, cfg, epochs, progress=progress)
     degree = np.bincount(np.asarray(dataset.edge_index[1]), minlength=dataset.num_nodes)
     src = disk_store(dataset).path
-    for attr in ("_disk_store", "_packed_store"):  # the copy is rewritten: close what reads it
-        store = getattr(dataset, attr, None)
+    for attr in ("_tiered_store", "_packed_store"):  # the copy is rewritten: close what reads it (the
+        store = getattr(dataset, attr, None)       # next feature_store opens it afresh)
         if store is not None:
             store.close()
     path = renumber(src, dataset.path / PACKED_FILE, counts, tiebreak=degree, overwrite=True, progress=progress)
@@ -349,12 +349,6 @@ def train(dataset, cfg, *, progress=True, evaluate_each_epoch=False):
     loader = fw.make_loader(cfg, dataset, dataset.split["train"], cfg.batch_size, True)
     store = feature_store(dataset, cfg)
     try:
-        if cfg.packed and cfg.features == "tiered":
-            # G10's eager prefetch: the hot rows stream in while the first epoch runs (its reads go first)
-            t0 = time.perf_counter()
-            rows = store.warm(background=True)
-            result.warm = {"seconds": time.perf_counter() - t0, "rows": rows,
-                           "bytes": sum(rows.values()) * store.row_nbytes}
         _epochs(dataset, cfg, fw, model, opt, loader, store, result, progress, evaluate_each_epoch)
         result.valid_acc = evaluate(model, cfg, dataset, dataset.split["valid"], fw=fw)
         result.test_acc = evaluate(model, cfg, dataset, dataset.split["test"], fw=fw)
@@ -369,6 +363,12 @@ def _epochs(dataset, cfg, fw, model, opt, loader, store, result, progress, evalu
         TimedTable.seconds = 0.0
         if store is not None:
             store.reset_stats()
+        if epoch == 0 and cfg.packed and cfg.features == "tiered":
+            # G10's eager prefetch: the hot rows stream in while the first epoch runs (its reads go first)
+            t0 = time.perf_counter()
+            rows = store.warm(background=True)
+            result.warm = {"seconds": time.perf_counter() - t0, "rows": rows,
+                           "bytes": sum(rows.values()) * store.row_nbytes}
         train_s = wait_s = 0.0
         losses = []
         t_epoch = time.perf_counter()

@@ -90,6 +90,24 @@ def _page_aligned(nbytes):
     return raw[start:start + nbytes]
 
 
+class _Staging:
+    """A buffer a fallback reads rows into (a ``take`` for :meth:`FeatureStore._stage`): page-aligned,
+    pinned where CUDA runs, grown at least twofold, never shrunk.  One per reader at a time."""
+
+    def __init__(self):
+        self.array = None
+
+    def __call__(self, nbytes):
+        if self.array is None or self.array.nbytes < nbytes:
+            old = 0 if self.array is None else self.array.nbytes
+            self.array = None  # the old buffer goes before the new one is allocated
+            self.array = _page_aligned(max(nbytes, 2 * old, 1 << 16))
+        return self.array
+
+
+_POOLED = 4  # demand buffers kept for reuse (one per reader in flight; more readers allocate their own)
+
+
 def check_bytes(name, value):
     """``value`` as an int number of bytes >= 0, else ``ValueError`` naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
@@ -157,7 +175,9 @@ class Cache(FeatureStore):
         self._error = None
         self._error_source = "read-ahead thread"
         self._warmer = None
-        self._buffer = self._ahead_buffer = self._warm_buffer = None
+        self._warming = False  # one warm at a time
+        self._takes = []  # demand buffers not in use: each read with misses takes one while it reads
+        self._ahead_take = _Staging()  # the read-ahead thread's own
         self._stats = dict.fromkeys(("reads", "rows", "hit_rows", "staged_rows", "miss_rows", "passthrough_rows",
                                      "prefetched_rows", "forwarded_rows", "inflight_waits", "batches_over_capacity",
                                      "demand_bytes", "prefetch_bytes", "read_s", "wait_s", "fallback_s",
@@ -233,41 +253,62 @@ class Cache(FeatureStore):
         self._check_open()
         index = _as_index(self._warm_ids(ids))
         self._check_bounds(index)
-        ids = index.cpu().numpy().astype(np.int64, copy=False)
-        _, first = np.unique(ids, return_index=True)
-        ids = ids[np.sort(first)]  # distinct, in the order given
+        ids = self._warm_candidates(index.cpu().numpy().astype(np.int64, copy=False))
         with self._lock:
             self._raise_failure()
-            if self._warmer is not None and self._warmer.is_alive():
-                raise RuntimeError(f"the {self.tier} cache is warming already (warm(background=True))")
+            if self._warming:
+                raise RuntimeError(f"the {self.tier} cache is warming already: one warm at a time")
             want = ids[self._slot[ids] == -1]
             want = want[:max(0, self.capacity_rows - int(np.count_nonzero(self._kind == _CACHED)))]
             keep = self.policy.warm(want)  # at once, so the policy's order among them is the one given
             self._evict(np.unique(self.policy.take_evicted()))  # none while it had room
             rows = want[keep]
+            self._warming = True
+        try:
+            if not background:
+                self._warm_rows(rows, progress)
+            else:
+                self._warmer = threading.Thread(target=self._warm_thread, args=(rows, _after), daemon=True,
+                                                name=f"directload-{self.tier}-warm")
+                self._warmer.start()
+        except BaseException:
+            self._warming = False
+            raise
         if not background:
-            self._warm_rows(rows, progress)
-            return int(rows.shape[0])
-        self._warmer = threading.Thread(target=self._warm_thread, args=(rows, _after), daemon=True,
-                                        name=f"directload-{self.tier}-warm")
-        self._warmer.start()
+            self._warming = False
         return int(rows.shape[0])
+
+    def _warm_candidates(self, ids):
+        """The distinct ids of ``ids`` in their order, as far as needed: a prefix with at least a cache's
+        worth of rows in no slot (``np.unique`` over all of a 100M-id list would take seconds)."""
+        k = min(ids.shape[0], max(2 * self.capacity_rows, 1024))
+        while True:
+            _, first = np.unique(ids[:k], return_index=True)
+            head = ids[:k][np.sort(first)]
+            if k == ids.shape[0] or np.count_nonzero(self._slot[head] == -1) >= self.capacity_rows:
+                return head
+            k = min(ids.shape[0], 4 * k)
 
     def _warm_thread(self, rows, after):
         try:
-            if after is not None:  # a lower tier warming: its rows are this one's source
-                after.join()
+            while after is not None and after.is_alive():  # a lower tier warming: its rows are this one's source
+                if self._closed:
+                    return
+                after.join(0.05)
             self._warm_rows(rows, False)
         except BaseException as exc:  # the consumer hears of it at its next read
             with self._lock:
                 self._error, self._error_source = exc, "warm thread"
                 self._lock.notify_all()
+        finally:
+            self._warming = False
 
     def _warm_rows(self, rows, progress):
         """Read the admitted ``rows`` into slots, a round at a time; rows a reader brought in meanwhile, or
         that the policy let go, are skipped."""
         t0 = time.perf_counter()
         step = max(1, _WARM_BYTES // max(self.row_nbytes, 1))
+        take = _Staging()  # its own, freed when it returns
         try:
             with tqdm(total=rows.shape[0] * self.row_nbytes, unit="B", unit_scale=True,
                       desc=f"warming the {self.tier} cache", disable=not progress) as bar:
@@ -285,7 +326,7 @@ class Cache(FeatureStore):
                         self._kind[slots] = _INFLIGHT  # readers wait for them; the read-ahead leaves them alone
                         self._staged_for[slots] = -2
                     if r.size:
-                        self._fill(r, slots, self._take_warm)
+                        self._fill(r, slots, take)
                     with self._lock:
                         kept = self.policy.contains(r)  # a reader's batch may have evicted some meanwhile
                         self._kind[slots[kept]] = _CACHED
@@ -294,13 +335,8 @@ class Cache(FeatureStore):
                         self._lock.notify_all()
                     bar.update(min(step, rows.shape[0] - a) * self.row_nbytes)
         finally:
-            self._warm_buffer = None
             with self._lock:
                 self._stats["warm_s"] += time.perf_counter() - t0
-
-    def _take_warm(self, nbytes):
-        """:meth:`warm`'s own staging buffer (freed when it returns)."""
-        return self._grown_buffer("_warm_buffer", nbytes)
 
     def _drop(self, entry):
         """An announced batch that will not be read (skipped): its staged rows need not wait for it."""
@@ -418,6 +454,7 @@ class Cache(FeatureStore):
         # the fused gather: rows in slots from the slot table, misses from the fallback's staging
         miss_rows = uniq[miss]
         tf = time.perf_counter()
+        take = None
         if miss_rows.size:
             # The demand's I/O runs without the lock, so the read-ahead thread goes on with later batches
             # (queued behind it: demand first).  Its misses are marked (-2), so no one reads them twice,
@@ -425,10 +462,12 @@ class Cache(FeatureStore):
             held = s[s >= 0]
             self._slot[miss_rows] = -2
             self._pinned[held] += 1  # distinct slots: a plain increment (np.add.at is ten times slower)
+            # a buffer of its own until its gather is done: another reader may stage its misses meanwhile
+            take = self._takes.pop() if self._takes else _Staging()
             self._demand -= 1
             self._lock.release()
             try:
-                flat, offs = self._stage_misses(miss_rows, run_device)
+                flat, offs = self._stage_misses(miss_rows, run_device, take)
             finally:
                 self._lock.acquire()
                 self._demand += 1
@@ -470,17 +509,20 @@ class Cache(FeatureStore):
         st["batches_over_capacity"] += uniq.shape[0] > self.capacity_rows
         if run_device.type == "cuda":
             torch.cuda.current_stream(run_device).synchronize()  # the staging buffer is the next read's
+        if take is not None and len(self._takes) < _POOLED:
+            self._takes.append(take)
         if out is not None:
             if out.data_ptr() != result.data_ptr():
                 out.copy_(result)
             return out
         return result if result.device == out_device else result.to(out_device)
 
-    def _stage_misses(self, rows, run_device):
-        """The fallback's rows ``rows`` as a flat tier (1-D tensor) and their element offsets in it."""
-        flat, offs = self.fallback._stage(rows, self._take)
+    def _stage_misses(self, rows, run_device, take):
+        """The fallback's rows ``rows`` as a flat tier (1-D tensor) and their element offsets in it, read
+        into ``take``'s buffer where the fallback copies them."""
+        flat, offs = self.fallback._stage(rows, take)
         if run_device.type == "cuda" and memory_of(flat) != MAPPED:  # the GPU reads the flat tier zero-copy
-            flat, offs = FeatureStore._stage(self.fallback, rows, self._take)
+            flat, offs = FeatureStore._stage(self.fallback, rows, take)
         return self._as_slots(flat, offs)
 
     def _as_slots(self, flat, offs):
@@ -488,24 +530,6 @@ class Cache(FeatureStore):
         if self._carrier is None:
             return flat, offs
         return flat.view(self._carrier), offs * self._ratio
-
-    def _take(self, nbytes):
-        """The demand reads' staging buffer for a fallback's rows (see :meth:`_grown_buffer`)."""
-        return self._grown_buffer("_buffer", nbytes)
-
-    def _take_ahead(self, nbytes):
-        """The read-ahead thread's own staging buffer: it reads while a demand read uses the other."""
-        return self._grown_buffer("_ahead_buffer", nbytes)
-
-    def _grown_buffer(self, name, nbytes):
-        """Buffer ``name``, at least ``nbytes``, page-aligned, pinned where CUDA runs; grown at least
-        twofold, never shrunk."""
-        buf = getattr(self, name)
-        if buf is None or buf.nbytes < nbytes:
-            old = 0 if buf is None else buf.nbytes
-            setattr(self, name, None)  # the old buffer goes before the new one is allocated
-            setattr(self, name, _page_aligned(max(nbytes, 2 * old, 1 << 16)))
-        return getattr(self, name)
 
     def _evict(self, rows):
         """Rows the policy evicted: their slots go free, or stay staged for an announced batch."""
@@ -534,7 +558,7 @@ class Cache(FeatureStore):
         # among the misses, in flat's order; not those a concurrent reader gave a slot meanwhile
         pos = np.flatnonzero(new[miss] & (self._slot[uniq[miss]] == -1))
         slots = self._claim(pos.shape[0])
-        if len(slots) < pos.shape[0]:  # cannot happen while the policy keeps within its capacity
+        if len(slots) < pos.shape[0]:  # only while a warm's rows are in flight that the policy let go
             pos = pos[:len(slots)]
         rows = uniq[miss][pos]
         if not len(slots):
@@ -566,7 +590,7 @@ class Cache(FeatureStore):
                     self._kind[slots] = _INFLIGHT
                     self._staged_for[slots] = j
                 t0 = time.perf_counter()
-                self._fill(rows, slots, self._take_ahead)
+                self._fill(rows, slots, self._ahead_take)
                 with self._lock:
                     self._kind[slots] = _STAGED
                     self._stats["ahead_s"] += time.perf_counter() - t0
@@ -657,7 +681,7 @@ class Cache(FeatureStore):
         for thread in (self._thread, self._warmer):
             if thread is not None and thread is not threading.current_thread():
                 thread.join(timeout=30)
-        self._buffer = self._ahead_buffer = self._warm_buffer = None
+        self._takes, self._ahead_take = [], None
 
     def __repr__(self):
         state = ", closed" if self._closed else ""

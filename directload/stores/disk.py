@@ -252,7 +252,9 @@ class DiskStore(FeatureStore):
         """A renumbered store's ids in file order, hottest first (None for a file in its own order)."""
         if self.id_map is None:
             return None
-        return np.argsort(self.id_map, kind="stable")
+        ids = np.empty_like(self.id_map)  # the map's inverse: the id at each row of the file
+        ids[self.id_map] = np.arange(self.id_map.shape[0], dtype=self.id_map.dtype)
+        return ids
 
     def _read_async(self, index, out, run_device, out_device):
         self._this_process()

@@ -170,16 +170,26 @@ _URING_LOCK = threading.Lock()
 
 
 def _uring():
-    """liburing's functions (``{}`` where the package is missing), its library loaded for the read loop."""
+    """liburing's functions, its library loaded for the read loop; ``{}`` where the package is missing,
+    or where the loop's symbols would resolve to another liburing than the one the rings are set up with
+    (one loaded before it): then the disk store reads through ``pread``."""
     global _URING
     with _URING_LOCK:
         if _URING is None:
-            _URING = liburing_functions()
-            if _URING:
+            f = liburing_functions()
+            if f:
                 import liburing
                 from llvmlite import binding
 
-                binding.load_library_permanently(liburing.liburing.__file__)
+                try:
+                    binding.load_library_permanently(liburing.liburing.__file__)
+                    same = all(binding.address_of_symbol(f[k].__name__) == ctypes.cast(f[k], ctypes.c_void_p).value
+                               for k in ("get_sqe", "prep_read", "set_data", "submit_and_wait", "peek_batch",
+                                         "cq_advance", "get_data"))
+                except (OSError, RuntimeError):
+                    same = False
+                f = f if same else {}
+            _URING = f
         return _URING
 
 
@@ -245,8 +255,10 @@ def _uring_run(ring, fd, offsets, lengths, dsts, needed, qd, block, retries, fau
     return status
 
 
-#: Whether io_uring can be used here: the one probe, in ``directload.capabilities``.
-uring_available = io_uring_usable
+def uring_available():
+    """Whether io_uring can be used here: the kernel lets a ring be set up (the one probe, in
+    ``directload.capabilities``) and the read loop's functions are liburing's own (:func:`_uring`)."""
+    return io_uring_usable() and bool(_uring())
 
 
 class UringEngine:

@@ -533,3 +533,68 @@ def test_a_tiered_background_warm_fills_the_device_tier_after_the_host_tier(tmp_
         assert store.tiers[-1].stats()["reads"] == 1  # the host tier's 128 side-by-side rows; the device's from it
         assert torch.equal(store.read(torch.arange(128)), table[:128])
         assert device.stats()["hit_rows"] == 16 and host.stats()["miss_rows"] == 0
+
+
+@pytest.mark.parametrize("policy", ["lookahead", "lru"])
+def test_readers_on_many_threads_each_stage_their_misses_in_a_buffer_of_their_own(rng, policy):
+    # a fallback that copies rows into the cache's buffer (the default _stage); reader threads overlap their
+    # I/O, so one buffer for all of them handed one reader's rows to another (found in review)
+    table = random_table(rng, 3000, 16, torch.float32)
+    cache = HostCache(_Flaky(table, delay=0.0005), 1000 * 64, policy, staging_bytes=200 * 64)
+    wrong, errors = [0], []
+
+    def reader(seed):
+        r = np.random.default_rng(seed)
+        try:
+            for _ in range(60):
+                b = np.unique(r.integers(0, 3000, 100))
+                if r.random() < 0.5:
+                    cache.prefetch(b)
+                wrong[0] += int((cache.read(b) != table[torch.from_numpy(b)]).any(1).sum())
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=reader, args=(s,)) for s in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and wrong[0] == 0, (wrong[0], errors[:1])
+    cache.close()
+
+
+def test_one_warm_at_a_time_so_two_never_share_a_buffer(rng):
+    table = random_table(rng, 2000, 64, torch.float32)
+    cache = HostCache(_Flaky(table, delay=0.002), 2000 * 256, "lru")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("directload.stores.cache._WARM_BYTES", 64 * 256)  # 16 rounds of 2 ms at least
+        first = threading.Thread(target=cache.warm, args=(np.arange(1000),))
+        first.start()
+        deadline = time.monotonic() + 5
+        while not cache._warming and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        with pytest.raises(RuntimeError, match="warming already"):
+            cache.warm(np.arange(1000, 2000), background=True)
+        with pytest.raises(RuntimeError, match="warming already"):
+            cache.warm(np.arange(1000, 2000))
+        first.join(30)
+    assert cache.warm(np.arange(1000, 2000), background=True) == 1000  # after it, a warm goes on
+    cache._warmer.join(30)
+    rows = np.arange(2000)
+    assert cache.stats()["cached_rows"] == 2000
+    assert torch.equal(cache.read(rows), table)
+    assert cache.stats()["miss_rows"] == 0
+    cache.close()
+
+
+def test_closing_a_tiered_store_while_its_tiers_warm_in_the_background_is_prompt(rng):
+    table = random_table(rng, 400, 2, torch.float32)
+    store = TieredStore(_Flaky(table, delay=0.2), gpu_bytes=20 * 8, host_bytes=400 * 8, staging_bytes=0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("directload.stores.cache._WARM_BYTES", 8 * 8)  # the host tier: 50 rounds of 0.2 s
+        store.warm(np.arange(400), background=True)
+        time.sleep(0.05)
+        t0 = time.perf_counter()
+        store.close()  # the GPU tier's thread, waiting for the host tier's, stops too
+    assert time.perf_counter() - t0 < 2
+    assert not any(t._warmer.is_alive() for t in store.tiers[:2])

@@ -425,3 +425,18 @@ def test_the_io_uring_read_loop_is_compiled_once_and_cached_not_in_every_process
     runs = [subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, check=True)
             for _ in range(2)]
     assert runs[1].stdout.split()[-1] == "hit"  # the second process loads what the first one (or any) saved
+
+
+def test_a_liburing_whose_symbols_resolve_elsewhere_falls_back_to_pread(tmp_path, rng, monkeypatch):
+    # the compiled read loop finds liburing's functions by name; if another liburing loaded first would
+    # answer, the loop would drive a ring it did not set up: io_uring is then not used at all
+    from llvmlite import binding
+
+    table = random_table(rng, 50, 8, torch.float32)
+    path = write_disk_store(table.numpy(), tmp_path / "t.npy", progress=False)
+    monkeypatch.setattr(disk_io, "_URING", None)
+    monkeypatch.setattr(binding, "address_of_symbol", lambda name: 1)
+    assert disk_io._uring() == {} and not disk_io.uring_available() and io_path() == "pread"
+    with DiskStore(path) as store:
+        assert store.engine_name == "pread" and torch.equal(store.read([3, 9]), table[[3, 9]])
+    monkeypatch.setattr(disk_io, "_URING", None)  # the next _uring() probes afresh

@@ -179,3 +179,13 @@ def test_a_caches_lookahead_policy_keeps_slack_the_simulators_does_not():
 
     assert make_policy("lookahead", 3200).slack == 100 and make_policy("lookahead", 20).slack == 0
     assert belady(3200).slack == 0 and LookAhead(3200).slack == 0
+
+
+def test_lookahead_warm_counts_no_access_and_keeps_the_most_wanted_longest():
+    p = LookAhead(4, fallback="frequency")
+    assert p.warm(np.array([7, 8, 9])).all()
+    assert p._count[[7, 8, 9]].tolist() == [0, 0, 0]  # the frequency fallback saw no read
+    p = LookAhead(4)
+    p.warm(np.array([7, 8, 9]))
+    p.access(np.array([1, 2]))  # one row must go: the least wanted warm row
+    assert p.cached() == {1, 2, 7, 8}

@@ -97,6 +97,37 @@ def test_pack_then_train_packed_warms_the_caches_from_the_hot_rows_and_learns(tm
     assert abs(runs["directload"]["test_acc"] - runs[framework]["test_acc"]) < 0.08
 
 
+@pytest.mark.ogb
+@pytest.mark.parametrize("framework", frameworks())
+def test_packing_again_closes_the_stores_over_the_old_copy_and_the_next_ones_read_right(tmp_path, framework):
+    import numpy as np
+    import torch
+
+    from directload.datasets import load
+    from directload.train import TrainConfig, feature_store, pack
+
+    assert main(["dataset", "pack", "--name", "synth-tiny", "--root", str(tmp_path), "--framework", framework,
+                 "--fanouts", "4", "4", "--batch-size", "256", "--epochs", "1", "--no-progress"]) == 0
+    ds = load(str(tmp_path), "synth-tiny")
+    cfg = TrainConfig(framework=framework, loader="directload", features="tiered", host_cache=100 << 10,
+                      packed=True, layers=2, fanouts=[4, 4], batch_size=256)
+    before = feature_store(ds, cfg)
+    pack(ds, cfg, 1, progress=False)
+    assert before.closed  # it read the file just rewritten
+    after = feature_store(ds, cfg)
+    assert after is not before and not after.closed
+    ids = np.random.default_rng(0).integers(0, ds.num_nodes, 300)
+    assert torch.equal(after.read(ids), torch.as_tensor(np.asarray(ds.feat[torch.from_numpy(ids)])))
+    after.close()
+
+
+def test_packed_needs_directloads_loader_and_files_and_is_checked_before_any_work(tmp_path, capsys):
+    for bad in (["--packed"], ["--packed", "--features", "disk", "--loader", "dgl", "--framework", "dgl"]):
+        assert main(["train", "--root", str(tmp_path), "--no-progress", *bad]) == 1
+        assert "--packed" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # no dataset made, no store written
+
+
 def test_tiered_options_are_checked_before_any_work(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["train", "--root", str(tmp_path), "--features", "tiered", "--host-cache", "lots", "--no-progress"])

@@ -97,6 +97,20 @@ class LookAhead(Policy):
         self._held = cand
         return hit
 
+    def warm(self, ids):
+        # no access counted (the frequency fallback sees none); the most wanted last used, so kept longest
+        ids = np.asarray(ids, np.int64)
+        if ids.size:
+            self._grow(int(ids.max()) + 1)
+        new = ids[~self._in[ids]][:max(self.capacity - self._held.shape[0], 0)]
+        if new.size:
+            # even positions: the recency key halves them, and warm rows must not tie
+            self._last[new] = (np.int64(self._tick) << 32) + np.arange(2 * new.shape[0], 0, -2, dtype=np.int64)
+            self._tick += 1
+            self._in[new] = True
+            self._held = np.concatenate([self._held, new])
+        return self._in[ids]
+
     def contains(self, ids):
         ids = np.asarray(ids, np.int64)
         ok = ids < self._in.shape[0]
