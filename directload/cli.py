@@ -305,28 +305,26 @@ def run_training(args, models, loaders, seeds, name):
 
 def _feature_files(args, features):
     """The dataset's feature files (the .npy, and the disk store with ``--features disk``, written here on
-    first use), or none when its features live inside OGB's archive."""
+    first use, and the packed store with ``--packed``), or none when its features live inside OGB's archive."""
     from directload.datasets import FEATURE_FILE, convert, dataset_dir
-    from directload.train import DISK_FILE
+    from directload.train import DISK_FILE, PACKED_FILE
 
     base = dataset_dir(args.root, args.dataset)
     npy = base / "raw" / FEATURE_FILE
     if features == "memory":
         return [npy] if npy.exists() else []
+    packed = [base / PACKED_FILE] if getattr(args, "packed", False) else []
+    if packed and not packed[0].exists():  # checked first: nothing is written for a run that cannot start
+        raise FileNotFoundError(f"{packed[0]} does not exist: write it with `directload dataset pack "
+                                f"--name {args.dataset}`")
     if not npy.exists():
         npy = convert(args.root, args.dataset)  # features inside OGB's archive: write the .npy first
     store = base / DISK_FILE
-    if getattr(args, "packed", False):  # checked first: nothing is written for a run that cannot start
-        from directload.train import PACKED_FILE
-
-        if not (base / PACKED_FILE).exists():
-            raise FileNotFoundError(f"{base / PACKED_FILE} does not exist: write it with `directload dataset pack "
-                                    f"--name {args.dataset}`")
     if not store.exists():
         from directload.stores import write_disk_store
 
         write_disk_store(npy, store, progress=not args.no_progress)
-    return [npy, store] + ([base / PACKED_FILE] if getattr(args, "packed", False) else [])
+    return [npy, store, *packed]
 
 
 def _train(args):

@@ -264,18 +264,19 @@ class Cache(FeatureStore):
             self._evict(np.unique(self.policy.take_evicted()))  # none while it had room
             rows = want[keep]
             self._warming = True
-        try:
-            if not background:
+        if not background:
+            try:
                 self._warm_rows(rows, progress)
-            else:
-                self._warmer = threading.Thread(target=self._warm_thread, args=(rows, _after), daemon=True,
-                                                name=f"directload-{self.tier}-warm")
-                self._warmer.start()
+            finally:
+                self._warming = False
+            return int(rows.shape[0])
+        try:  # the thread clears _warming when it ends
+            self._warmer = threading.Thread(target=self._warm_thread, args=(rows, _after), daemon=True,
+                                            name=f"directload-{self.tier}-warm")
+            self._warmer.start()
         except BaseException:
             self._warming = False
             raise
-        if not background:
-            self._warming = False
         return int(rows.shape[0])
 
     def _warm_candidates(self, ids):
