@@ -11,8 +11,17 @@ from directload.plotting import pyplot, save_figure  # re-exported for the scrip
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
-__all__ = ["RESULTS", "median_time", "interleaved_medians", "cuda_event_timer", "cuda_median_time",
-           "system_facts", "write_json", "print_table", "pyplot", "save_figure", "grouped_bars"]
+__all__ = ["RESULTS", "prepare_cpu_kernels", "median_time", "interleaved_medians", "cuda_event_timer",
+           "cuda_median_time", "system_facts", "write_json", "print_table", "pyplot", "save_figure", "grouped_bars"]
+
+
+def prepare_cpu_kernels():
+    """Load every CPU gather kernel now: gathers measured here must run the kernels, not the index_select a
+    process uses until the load pays (``directload.kernels.cpu.LOAD_AFTER_S``)."""
+    from directload.kernels import cpu
+
+    for aligned in (True, False):
+        cpu.prepare(aligned=aligned, background=False)
 
 
 def median_time(fn, reps, warmup=1):

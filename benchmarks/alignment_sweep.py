@@ -20,6 +20,7 @@ from _common import (  # noqa: E402
     RESULTS,
     cuda_event_timer,
     interleaved_medians,
+    prepare_cpu_kernels,
     print_table,
     pyplot,
     save_figure,
@@ -77,6 +78,7 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--name", default="alignment_sweep")
     args = p.parse_args(argv)
+    prepare_cpu_kernels()
     rng = np.random.default_rng(0)
     on_gpu = capabilities().cuda
     results = []

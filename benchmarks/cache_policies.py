@@ -49,7 +49,7 @@ def main(argv=None):
     p.add_argument("--dataset", default="synth-small", help="an OGB-layout dataset, or a preset made when missing")
     p.add_argument("--fanouts", type=int, nargs="+", default=[10, 5])
     p.add_argument("--batch-size", type=int, default=1024)
-    p.add_argument("--sizes", default="5,10,20,40", help="cache sizes, % of the table's rows")
+    p.add_argument("--sizes", default="5,10,20,40", help="cache sizes, %% of the table's rows")
     p.add_argument("--lookahead", type=int, default=8, help="batches the look-ahead policy sees ahead")
     p.add_argument("--presample", type=int, default=8, help="batches of another epoch for the presample scores")
     p.add_argument("--seed", type=int, default=0)

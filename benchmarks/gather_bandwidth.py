@@ -26,6 +26,7 @@ from _common import (  # noqa: E402
     cuda_median_time,
     grouped_bars,
     interleaved_medians,
+    prepare_cpu_kernels,
     print_table,
     system_facts,
     write_json,
@@ -147,6 +148,7 @@ def main(argv=None):
                         "or Numba's; one team per run, since two teams' spinning threads slow each other")
     p.add_argument("--name", default="gather_bandwidth")
     args = p.parse_args(argv)
+    prepare_cpu_kernels()
     if args.quick:
         vars(args).update(QUICK)
     torch.set_num_threads(args.threads)

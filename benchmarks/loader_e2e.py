@@ -11,8 +11,11 @@ attention makes each CPU epoch several times longer.
 """
 
 import argparse
+import sys
+from pathlib import Path
 
 from directload.cli import HelpFormatter, add_train_arguments, report_name, run_training
+from directload.memcap import enter_capped_child
 
 
 def main(argv=None):
@@ -22,7 +25,10 @@ def main(argv=None):
     p.add_argument("--seeds", type=int, default=3, help="runs per (model, loader), seeds 0..N-1")
     add_train_arguments(p)
     p.set_defaults(epochs=2)
+    enter_capped_child()  # a capped run (--memory-limit) dies with its guardian
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
+    args.rerun = [sys.executable, str(Path(__file__).resolve()), *argv]
     loaders = [args.framework, "directload"]
     return run_training(args, args.models, loaders, range(args.seeds),
                         report_name("loader_e2e", args.dataset, args.models, loaders))

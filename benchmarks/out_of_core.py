@@ -34,8 +34,8 @@ from _common import RESULTS, print_table, system_facts, write_json
 
 from directload.cli import HelpFormatter
 from directload.datasets import PRESETS, dataset_exists, load, synthesize
-from directload.memcap import parse_size
 from directload.plotting import pyplot, save_figure
+from directload.units import parse_size
 
 
 def configs(args, table_bytes):

@@ -21,6 +21,7 @@ from _common import (  # noqa: E402
     cuda_event_timer,
     grouped_bars,
     interleaved_medians,
+    prepare_cpu_kernels,
     print_table,
     system_facts,
     write_json,
@@ -72,6 +73,7 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--name", default="unified_gather")
     args = p.parse_args(argv)
+    prepare_cpu_kernels()
     torch.set_num_threads(args.threads)
     on_gpu = capabilities().cuda
     rng = np.random.default_rng(0)

@@ -23,11 +23,12 @@ class Capabilities:
     device_name : str
         Name of device 0, or ``""``.
     cupy : str
-        CuPy version, or ``""`` when it does not import.
+        CuPy version, or ``""`` when it does not import (probed when first asked: importing CuPy and
+        Numba CUDA takes most of a second, and a machine without CUDA never launches either).
     nvrtc : str
-        Path of the libnvrtc used for offline and CuPy compiles, or ``""``.
+        Path of the libnvrtc used for offline and CuPy compiles, or ``""`` (probed when first asked).
     numba_cuda : str
-        ``"NVIDIA"`` (numba-cuda), ``"Built-in"``, ``"simulator"`` or ``""``.
+        ``"NVIDIA"`` (numba-cuda), ``"Built-in"``, ``"simulator"`` or ``""`` (probed when first asked).
     cudasim : bool
         ``NUMBA_ENABLE_CUDASIM=1``: Numba CUDA kernels run on the CPU simulator.
     io_uring : bool
@@ -43,17 +44,30 @@ class Capabilities:
     cuda: bool
     device_count: int
     device_name: str
-    cupy: str
-    nvrtc: str
-    numba_cuda: str
     cudasim: bool
     io_uring: bool
     disk_reads: str
     host_memory: str
 
+    @property
+    def cupy(self):
+        return _cupy()
+
+    @property
+    def nvrtc(self):
+        return _nvrtc()
+
+    @property
+    def numba_cuda(self):
+        return _numba_cuda(self.cudasim)
+
     def as_dict(self):
-        """Plain dict, for JSON reports."""
-        return asdict(self)
+        """Plain dict, for JSON reports (every probe answered)."""
+        d = asdict(self)
+        order = ("cuda", "device_count", "device_name", "cupy", "nvrtc", "numba_cuda", "cudasim", "io_uring",
+                 "disk_reads", "host_memory")
+        d.update(cupy=self.cupy, nvrtc=self.nvrtc, numba_cuda=self.numba_cuda)
+        return {key: d[key] for key in order}
 
 
 def _cuda():
@@ -66,6 +80,7 @@ def _cuda():
     return n > 0, n, torch.cuda.get_device_name(0) if n else ""
 
 
+@functools.cache
 def _cupy():
     try:
         import cupy
@@ -106,10 +121,12 @@ def find_libnvrtc():
     return None
 
 
+@functools.cache
 def _nvrtc():
     return find_libnvrtc() or ""
 
 
+@functools.cache
 def _numba_cuda(cudasim):
     if cudasim:
         return "simulator"
@@ -173,8 +190,8 @@ def capabilities():
     """Probe the machine once; later calls return the same answer.
 
     Nothing is probed at import; the first call loads the CUDA driver through
-    torch (no context is created), imports CuPy and Numba, and opens and closes
-    one io_uring ring.
+    torch (no context is created) and opens and closes one io_uring ring.  CuPy,
+    NVRTC and Numba CUDA are probed when first asked for.
 
     Returns
     -------
@@ -193,9 +210,6 @@ def capabilities():
         cuda=cuda,
         device_count=count,
         device_name=name,
-        cupy=_cupy(),
-        nvrtc=_nvrtc(),
-        numba_cuda=_numba_cuda(cudasim),
         cudasim=cudasim,
         io_uring=uring,
         disk_reads="io_uring" if uring else "pread",

@@ -17,7 +17,7 @@ DESCRIPTION = ("directload: zero-copy GPU feature loading for mini-batch GNN tra
 
 _BENCH = {"gather": "gather_bandwidth.py", "alignment": "alignment_sweep.py", "unified": "unified_gather.py",
           "loader": "loader_e2e.py", "gpu": "gpu_suite.py", "disk": "disk_read.py", "cache": "cache_policies.py",
-          "ooc": "out_of_core.py", "pack": "hot_packing.py"}
+          "ooc": "out_of_core.py", "pack": "hot_packing.py", "pyg": "pyg_idioms.py"}
 _SOURCE_TREE = Path(__file__).resolve().parent.parent
 
 
@@ -174,10 +174,19 @@ def _lookahead(text):
 
 
 def _size(text):
-    from directload.memcap import parse_size
+    from directload.units import parse_size
 
     try:
-        return 0 if str(text).strip() == "0" else parse_size(text)
+        return parse_size(text, allow_zero=True)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _memory_limit(text):
+    from directload.memcap import parse_limit
+
+    try:
+        return parse_limit(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -233,9 +242,11 @@ def add_train_arguments(p):
                         "are gathered at once)")
     p.add_argument("--eval-nodes", type=_non_negative_int, default=0,
                    help="evaluate on this many nodes of each split, the same for every run (0: all)")
-    p.add_argument("--memory-limit", default=None,
-                   help="cap the run's host memory (its pages and the page cache it fills) with a memory cgroup, "
-                        "e.g. 1.5G; needs root.  The feature files' cached pages are dropped first")
+    p.add_argument("--memory-limit", type=_memory_limit, default=None,
+                   help="cap the training's host memory (its pages and the page cache it fills) with a memory "
+                        "cgroup, e.g. 1.5G; needs root.  The feature files' cached pages are dropped first; the "
+                        "training runs in a child process inside the cgroup, which is removed when it ends, "
+                        "however it ends")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -251,37 +262,44 @@ def report_name(prefix, dataset, models, loaders):
 
 
 def run_training(args, models, loaders, seeds, name):
-    """Load (generating if needed) the dataset, train side by side, print and write the report."""
+    """Load (generating if needed) the dataset, train side by side, print and write the report.
+
+    With ``args.memory_limit`` the training runs in a child inside a memory cgroup: ``args.rerun`` (the
+    argv that ran this) is started again there, and this process waits for it."""
     import torch
 
+    from directload import memcap
     from directload.capabilities import capabilities, require, usable_device
     from directload.datasets import PRESETS, check_name, dataset_exists, load, synthesize
     from directload.experiments import compare, print_summary, write_report
-    from directload.memcap import drop_page_cache, limit_memory, parse_size
     from directload.train import TrainConfig, resolve_depth
 
     # Bad arguments get their own error before any work, a missing framework after them.
     device = usable_device(args.device)
     layers, fanouts = resolve_depth(args.layers, args.fanouts)
     check_name(args.dataset)
-    limit = parse_size(args.memory_limit) if getattr(args, "memory_limit", None) else None
+    limit = getattr(args, "memory_limit", None)
     require({"dgl": "dgl", "pyg": "torch_geometric"}[args.framework])
+    capped = memcap.capped_group()
+    if limit is not None and capped is None:
+        memcap.check_limit(limit)  # before any work: a cap the run cannot start in
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.dataset in PRESETS and not dataset_exists(args.root, args.dataset):
         synthesize(args.root, args.dataset, progress=not args.no_progress)  # one made with other options is kept
     features = getattr(args, "features", "memory")
     files = _feature_files(args, features)
+    if limit is not None and capped is None:  # the guardian: this command again, as a child in the cgroup
+        for f in files:
+            memcap.drop_page_cache(f)
+        print(f"host memory capped at {limit / 2**30:.2f} GiB in a memory cgroup; the feature files' cached "
+              "pages were dropped", flush=True)
+        return memcap.run_capped(limit, args.rerun)
     if limit is not None:
         from directload.kernels.host_pool import default_pool
 
         pool = default_pool()  # recycled output blocks count against the cap: keep few
         pool.max_cached_bytes = min(pool.max_cached_bytes, limit // 8)
-        group = limit_memory(limit)
-        for f in files:
-            drop_page_cache(f)
-        print(f"host memory capped at {limit / 2**30:.2f} GiB (cgroup {group}); the feature files' cached "
-              "pages were dropped", flush=True)
     dataset = load(args.root, args.dataset)
     base = TrainConfig(epochs=args.epochs, device=str(device), num_workers=args.num_workers, hidden=args.hidden,
                        lr=args.lr, batch_size=args.batch_size, layers=layers, fanouts=fanouts,
@@ -417,7 +435,7 @@ def build_parser():
                    help="gather: gather bandwidth; alignment: the alignment sweep; unified: unified-tensor "
                         "gathers; disk: random row reads from disk, DiskStore against fio and np.memmap; "
                         "loader: training epochs, DGL's loader against ours (GraphSAGE by default); "
-                        "gpu: the GPU suite")
+                        "pyg: PyG's example idioms, PyG's loader against ours; gpu: the GPU suite")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the script (see its --help)")
     p.set_defaults(func=_bench)
 
@@ -447,7 +465,12 @@ def main(argv=None):
     Errors are printed as one line (``directload: error: ...``, exit status
     1); ``--debug`` prints the traceback instead.
     """
+    from directload.memcap import enter_capped_child
+
+    enter_capped_child()  # a capped child dies with its guardian
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.rerun = [sys.executable, "-m", "directload", *argv]  # a capped run: this command again, in its cgroup
     try:
         code = args.func(args)
         sys.stdout.flush()  # a closed pipe (| head) shows up here, not at exit

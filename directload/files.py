@@ -1,5 +1,6 @@
 """Feature tables in files: raw or ``.npy``, memory-mapped and registered as unified tensors."""
 
+import math
 import os
 import weakref
 
@@ -8,13 +9,10 @@ import torch
 
 from . import unified
 from .memory import resolve_pin
+from .npy import CorruptFileError, open_regular, read_header
 from .unified import to_unified
 
-__all__ = ["CorruptFileError", "FileWatch", "from_file", "npy_layout"]
-
-
-class CorruptFileError(ValueError):
-    """A feature file is truncated, has a bad header, or does not match the requested layout."""
+__all__ = ["CorruptFileError", "FileWatch", "from_file", "npy_layout"]  # CorruptFileError: directload.npy's
 
 
 def npy_layout(path):
@@ -23,30 +21,12 @@ def npy_layout(path):
     Raises
     ------
     CorruptFileError
-        Bad magic or header, Fortran order, object dtype, or a file shorter (or
-        longer) than its header says.
+        Not a regular file, bad magic or header, Fortran order, object dtype, or a file shorter (or
+        longer) than its header says (see :func:`directload.npy.read_header`).
     """
-    with open(path, "rb") as f:
-        return _npy_layout(f, os.fstat(f.fileno()).st_size, path)
-
-
-def _npy_layout(f, size, path):
-    try:
-        version = np.lib.format.read_magic(f)
-        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        shape, fortran, dtype = read(f)
-    except ValueError as exc:
-        raise CorruptFileError(f"{path}: not a valid .npy file ({exc})") from exc
-    offset = f.tell()
-    if fortran and len(shape) > 1:
-        raise CorruptFileError(f"{path}: Fortran-ordered arrays cannot be gathered by row; save it C-ordered")
-    if dtype.hasobject:
-        raise CorruptFileError(f"{path}: object arrays cannot be memory-mapped")
-    want = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if size != want:
-        kind = "truncated" if size < want else "longer than its header says"
-        raise CorruptFileError(f"{path}: {kind}: header promises {want} bytes, file has {size}")
-    return dtype, tuple(shape), offset
+    with open_regular(path) as f:
+        head = read_header(f, path)
+    return head.dtype, head.shape, head.offset
 
 
 class FileWatch:
@@ -130,11 +110,15 @@ def from_file(path, dtype=None, shape=None, *, offset=0, mode="r", affinity="cud
     if not os.path.exists(path):
         raise FileNotFoundError(path)
     # Everything below reads the one open file, so a file replaced meanwhile cannot mix layouts.
-    with open(path, "rb" if mode == "r" else "r+b") as f:
+    with open_regular(path, "rb" if mode == "r" else "r+b") as f:
         size = os.fstat(f.fileno()).st_size
         from_header = path.endswith(".npy") and dtype is None
         if from_header:
-            np_dtype, shape, data_offset = _npy_layout(f, size, path)
+            head = read_header(f, path)
+            if head.mark is not None and head.mark["packed"]:
+                raise CorruptFileError(f"{path}: a packed directload disk store, its rows in hot order: open it "
+                                       "with directload.stores.DiskStore, which reads them by their ids")
+            np_dtype, shape, data_offset = head.dtype, head.shape, head.offset
         else:
             if dtype is None or shape is None:
                 raise ValueError("a raw file needs dtype and shape (or save it as .npy)")
@@ -142,7 +126,7 @@ def from_file(path, dtype=None, shape=None, *, offset=0, mode="r", affinity="cud
                                 else dtype)
             shape, data_offset = _raw_shape(path, size, np_dtype, tuple(shape), offset), offset
         watch = None
-        if int(np.prod(shape, dtype=np.int64)) == 0:
+        if math.prod(shape) == 0:
             array = np.empty(shape, np_dtype)
         else:
             # "r" maps copy-on-write: a stray write through .host then changes private pages
@@ -151,18 +135,24 @@ def from_file(path, dtype=None, shape=None, *, offset=0, mode="r", affinity="cud
             watch = FileWatch(f, path, size)
     out = to_unified(array, affinity, pin=pin, read_only=mode == "r")
     out._file_watch = watch
-    out._origin = ("file", {"path": path, "dtype": None if from_header else np_dtype.str,
+    # the file itself (a store's link resolved): a process that maps it again maps these very bytes
+    out._origin = ("file", {"path": os.path.realpath(path), "dtype": None if from_header else np_dtype.str,
                             "shape": None if dtype is None else shape, "offset": offset, "mode": mode, "pin": pin})
     return out
 
 
 def _raw_shape(path, size, dtype, shape, offset):
-    size -= offset
+    if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0:
+        raise ValueError(f"offset must be a non-negative integer, got {offset!r}")
+    if not shape or any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < -1 for s in shape):
+        raise ValueError(f"shape must be non-negative integers (one may be -1), rows first, got {shape!r}")
+    shape = tuple(int(s) for s in shape)
+    size -= int(offset)
     if size < 0:
         raise CorruptFileError(f"{path}: offset {offset} is past the end of the file ({size + offset} bytes)")
     if shape.count(-1) > 1:
         raise ValueError("at most one shape entry may be -1")
-    known = int(np.prod([s for s in shape if s != -1], dtype=np.int64)) * dtype.itemsize
+    known = math.prod(s for s in shape if s != -1) * dtype.itemsize  # exact: no wrap at 2**63
     if -1 in shape:
         if known == 0 or size % known:
             raise CorruptFileError(f"{path}: {size} bytes is not a whole number of {known}-byte rows (truncated?)")

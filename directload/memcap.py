@@ -1,38 +1,62 @@
-"""Cap this process's memory with a real memory cgroup, so an out-of-core run sees a small host.
+"""Cap a run's host memory with a real memory cgroup, so an out-of-core run sees a small host.
 
-A run that must not use more than N bytes of host memory (its own pages and
-the page cache its reads fill) moves itself into a new memory cgroup limited
-to N bytes, as a machine with that much memory would limit it.  Needs root (or
-a delegated cgroup) and a cgroup v1 ``memory`` controller or cgroup v2.
+:func:`run_capped` runs a command as a child inside a new memory cgroup limited to N bytes (its own pages
+and the page cache its reads fill, as a machine with N bytes would limit them), and stays outside it as
+its guardian:
+
+* a cap too small for the command to start is refused before anything moves (:func:`check_limit`);
+* SIGTERM, SIGINT and SIGHUP reach the guardian, which passes them on to the child, waits for it (then
+  kills what is left in the cgroup) and removes the cgroup: a scheduler's SIGTERM leaves nothing behind;
+* a child the kernel's OOM killer ended is reported in one line (:class:`MemoryCapExceeded`);
+* the child dies with its guardian (``PR_SET_PDEATHSIG``, :func:`enter_capped_child`), and a later run
+  removes the cgroups of guardians that are gone, ending any process still inside them.
+
+Needs root (or a delegated cgroup) and a cgroup v1 ``memory`` controller or cgroup v2.
 """
 
-import atexit
+import contextlib
+import ctypes
 import os
-import re
+import signal
+import subprocess
+import time
 from pathlib import Path
 
-__all__ = ["parse_size", "limit_memory", "drop_page_cache"]
+from directload.units import parse_size
+
+__all__ = ["parse_limit", "check_limit", "run_capped", "enter_capped_child", "drop_page_cache", "capped_group",
+           "MemoryCapExceeded", "CGROUP_ENV", "HEADROOM"]
 
 _V1 = Path("/sys/fs/cgroup/memory")
 _V2 = Path("/sys/fs/cgroup")
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+#: Set in a capped child: the cgroup it runs in.
+CGROUP_ENV = "DIRECTLOAD_MEMORY_CGROUP"
+_GUARDIAN_ENV = "DIRECTLOAD_MEMORY_GUARDIAN"
+#: What a capped child needs above what its guardian already uses (the guardian has imported what the
+#: child imports; the child also loads the dataset's graph).
+HEADROOM = 128 << 20
+_GRACE_S = 10.0  # how long a child has to end after a forwarded signal before the cgroup is killed
+_PREFIX = "directload-"
 
 
-def parse_size(text):
-    """Bytes in ``"1.5G"``, ``"768M"``, ``"4096"`` (K, M, G, T are powers of 1024).  Pure.
+class MemoryCapExceeded(RuntimeError):
+    """The kernel's OOM killer ended the capped command: it needed more memory than the cap."""
+
+
+def parse_limit(text):
+    """A memory cap in bytes from ``"1.5G"``, ``"768M"``, ...; ``ValueError`` for anything else (an empty
+    string, 0 and negative sizes included).  Pure.
 
     Examples
     --------
-    >>> parse_size("1.5G"), parse_size("768m"), parse_size("4096")
-    (1610612736, 805306368, 4096)
+    >>> parse_limit("1.5G")
+    1610612736
     """
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(?:i?[bB])?\s*", str(text))
-    if not m:
-        raise ValueError(f"not a size: {text!r} (use bytes, or a number with K, M, G or T)")
-    value = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-    if value < 1:
-        raise ValueError(f"a size must be at least 1 byte, got {text!r}")
-    return value
+    return parse_size(text)
+
+
+def _human(nbytes):
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 1 << 30 else f"{nbytes / 2**20:.0f} MiB"
 
 
 def _controller():
@@ -43,59 +67,197 @@ def _controller():
     return None, None
 
 
-def limit_memory(nbytes):
-    """Move this process into a new memory cgroup limited to ``nbytes``; returns the cgroup's path.
+def _anonymous_rss():
+    """This process's resident anonymous memory (its heap, not the libraries' file pages, which a child
+    mostly finds cached already and charged elsewhere), in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    with open("/proc/self/statm") as f:  # no RssAnon (Linux < 4.5): resident minus shared
+        resident, shared = (int(v) for v in f.read().split()[1:3])
+        return (resident - shared) * os.sysconf("SC_PAGE_SIZE")
 
-    The cgroup is removed at exit (the process moves back first).  Memory
-    already charged elsewhere (pages read before the move) stays charged
-    there: call :func:`drop_page_cache` on the files the run reads.
+
+def check_limit(nbytes, *, needed=None):
+    """``ValueError`` when a cap of ``nbytes`` cannot let a run start: below what this process (which has
+    imported what the run imports) uses now plus :data:`HEADROOM`, or ``needed`` when given."""
+    needed = _anonymous_rss() + HEADROOM if needed is None else needed
+    if nbytes < needed:
+        raise ValueError(f"a memory limit of {_human(nbytes)} is below what the run needs to start (about "
+                         f"{_human(needed)}: the interpreter, torch and the framework, and the dataset's graph): "
+                         f"give at least {-(-needed // 2**20)}M")
+
+
+def _start_time(pid):
+    """The start time of process ``pid`` (clock ticks since boot), or None if there is none."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _group_name():
+    return f"{_PREFIX}{os.getpid()}-{_start_time(os.getpid())}"
+
+
+def _owner_alive(name):
+    """Whether the guardian a cgroup is named after still runs (its pid, with the same start time)."""
+    parts = name.removeprefix(_PREFIX).split("-")
+    if len(parts) == 2 and all(p.isdigit() for p in parts):
+        return _start_time(int(parts[0])) == int(parts[1])
+    if len(parts) == 1 and parts[0].isdigit():  # named by an older directload: the pid alone
+        return os.path.exists(f"/proc/{parts[0]}")
+    return True  # not a name we make: leave it alone
+
+
+def _tasks(group):
+    try:
+        return [int(p) for p in (group / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _kill_all(group):
+    """End every process in ``group`` and wait (briefly) until it is empty."""
+    kill = group / "cgroup.kill"
+    if kill.exists():
+        with contextlib.suppress(OSError):
+            kill.write_text("1")
+    for _ in range(200):
+        pids = _tasks(group)
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
+
+
+def _remove(group):
+    for _ in range(100):
+        try:
+            group.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:  # EBUSY while the last task's exit is accounted
+            time.sleep(0.02)
+    return False
+
+
+def _sweep(root):
+    """Remove the cgroups of runs whose guardian is gone (killed, so nothing cleaned up), ending what is
+    still inside them; cgroups of live runs, and any not named by us, are left alone."""
+    for group in root.glob(f"{_PREFIX}*"):
+        if group.is_dir() and not _owner_alive(group.name):
+            _kill_all(group)
+            _remove(group)
+
+
+def _oom_kills(group):
+    """How many processes the OOM killer ended in ``group`` (cgroup v2 ``memory.events``, v1
+    ``memory.oom_control``), or None where the kernel does not say."""
+    for name in ("memory.events", "memory.oom_control"):
+        try:
+            for line in (group / name).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def capped_group():
+    """The cgroup this process runs in as a capped child, or None."""
+    value = os.environ.get(CGROUP_ENV)
+    return Path(value) if value else None
+
+
+def enter_capped_child():
+    """In a capped child (:data:`CGROUP_ENV` set): die with the guardian.  Call first thing."""
+    guardian = os.environ.get(_GUARDIAN_ENV)
+    if not guardian:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != int(guardian):  # it died before the line above
+        os._exit(128 + signal.SIGKILL)
+
+
+def run_capped(nbytes, cmd, *, env=None):
+    """Run ``cmd`` (an argv list) as a child in a new memory cgroup of ``nbytes``; its exit status (128 + N
+    when a signal N ended it, as a shell says).
 
     Raises
     ------
+    ValueError
+        ``nbytes`` is too small for the run to start (see :func:`check_limit`); nothing was created.
     PermissionError
-        Not allowed to create or join a cgroup (not root).
+        Creating a cgroup needs root (or a delegated cgroup).
     OSError
         No memory cgroup controller on this machine.
+    MemoryCapExceeded
+        The OOM killer ended the child: it needed more than ``nbytes``.
     """
+    check_limit(nbytes)
     root, knob = _controller()
     if root is None:
         raise OSError("no memory cgroup controller here (neither cgroup v1's memory nor v2's memory.max)")
     _sweep(root)
-    group = root / f"directload-{os.getpid()}"
+    group = root / _group_name()
     try:
-        group.mkdir(exist_ok=True)
+        group.mkdir()
     except PermissionError:
-        raise PermissionError(f"creating {group} needs root (or a delegated cgroup): run as root, or without "
-                              "a memory limit") from None
+        raise PermissionError(f"creating {group} needs root (or a delegated cgroup): run as root, or without a "
+                              "memory limit") from None
     try:
         (group / knob).write_text(str(int(nbytes)))
-        if knob == "memory.limit_in_bytes" and (group / "memory.memsw.limit_in_bytes").exists():
-            (group / "memory.memsw.limit_in_bytes").write_text(str(int(nbytes)))  # no escape into swap
-        (group / "cgroup.procs").write_text(str(os.getpid()))
-    except OSError:
-        group.rmdir()
-        raise
-    atexit.register(_leave, root, group)
-    return group
+        for swap, value in (("memory.memsw.limit_in_bytes", nbytes), ("memory.swap.max", 0)):
+            if (group / swap).exists():  # no escape into swap
+                with contextlib.suppress(OSError):
+                    (group / swap).write_text(str(int(value)))
+        return _guard(group, nbytes, cmd, env)
+    finally:
+        _kill_all(group)
+        _remove(group)
 
 
-def _sweep(root):
-    """Remove the empty cgroups of our own that earlier runs left when they were killed (no atexit ran)."""
-    for group in root.glob("directload-*"):
-        pid = group.name.removeprefix("directload-")
-        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-            try:
-                group.rmdir()  # fails, harmlessly, if anything is still inside
-            except OSError:
-                pass
+def _guard(group, nbytes, cmd, env):
+    """Start ``cmd`` inside ``group`` (a shell puts itself there, then becomes the command), pass signals on,
+    wait, and tell an OOM kill."""
+    child_env = {**(os.environ if env is None else env), CGROUP_ENV: str(group), _GUARDIAN_ENV: str(os.getpid())}
+    shim = 'echo $$ > "$0/cgroup.procs" && exec "$@"'
+    received = []
 
+    def forward(signum, frame):
+        received.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signum)
 
-def _leave(root, group):
+    # its own process group: a terminal's Ctrl-C reaches the guardian, which passes it on once
+    child = subprocess.Popen(["/bin/sh", "-c", shim, str(group), *cmd], env=child_env, start_new_session=True)
+    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
-        (root / "cgroup.procs").write_text(str(os.getpid()))
-        group.rmdir()
-    except OSError:
-        pass  # a child still inside keeps it; the kernel frees it with the last member
+        while True:
+            try:
+                code = child.wait(timeout=_GRACE_S if received else None)
+                break
+            except subprocess.TimeoutExpired:  # it did not end after the signal: end everything in the cgroup
+                _kill_all(group)
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    oom = _oom_kills(group)
+    if code == -signal.SIGKILL and oom and not received:
+        raise MemoryCapExceeded(f"the kernel's OOM killer ended the run at the memory limit of {_human(nbytes)}: "
+                                "it needs more; raise --memory-limit")
+    if received:
+        return 128 + received[0]
+    return 128 - code if code < 0 else code
 
 
 def drop_page_cache(path):

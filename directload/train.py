@@ -102,7 +102,8 @@ class TrainConfig:
                              f"got {self.loader!r}")
         self.layers, self.fanouts = resolve_depth(self.layers, self.fanouts)
         from directload.loaders.pipeline import check_lookahead
-        from directload.stores.cache import POLICY_NAMES, check_bytes
+        from directload.stores.cache import POLICY_NAMES
+        from directload.units import check_bytes
 
         check_lookahead(self.lookahead)  # the loaders' own check
         for name in ("hidden", "heads", "batch_size", "eval_batch_size", "epochs"):
@@ -343,6 +344,10 @@ def train(dataset, cfg, *, progress=True, evaluate_each_epoch=False):
     fw = _framework(cfg)
     _seed(fw, cfg.seed)
     device = torch.device(cfg.device)
+    if cfg.loader == "directload":  # a training run is long: load the CPU gather kernels now, not once they pay
+        from directload.kernels import cpu
+
+        cpu.prepare((dataset.feat.element_size(),), (8, 4), background=False)
     model = fw.build_model(cfg, dataset.feat.shape[1], dataset.num_classes).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     result = RunResult(config=asdict(cfg))

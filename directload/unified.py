@@ -198,10 +198,17 @@ class UnifiedTensor(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is torch.Tensor.__getitem__ and len(args) == 2 and type(args[1]) is torch.Tensor:
-            # x[idx], the hot path of a loader: no argument tree to walk.
-            hit = INDEX_FUNCS[func](*args)
-            if hit is not None:
+        # The hot paths of a loader, with no argument tree to walk (about 70 us a call): PyG's filter reads
+        # every node table's metadata and index_selects it at every batch.
+        if len(args) == 1 and not kwargs and (func in METADATA_FUNCS or getattr(func, "__name__", "") == "__get__"):
+            if func is not torch.Tensor.__repr__:  # .shape, .dtype, .size() ... of this one tensor
+                args[0]._check_open()
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args)
+        handler = INDEX_FUNCS.get(func)
+        if handler is not None and not kwargs.keys() - {"out"}:  # x[idx], index_select, embedding
+            hit = handler(*args, **kwargs)
+            if hit is not None and type(hit[1]) is torch.Tensor:
                 return _gather(*hit)
         flat, _ = tree_flatten((args, kwargs))
         unified = [a for a in flat if isinstance(a, UnifiedTensor)]

@@ -6,6 +6,7 @@ import importlib
 import math
 import os
 import threading
+import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -335,12 +336,33 @@ def _fresh_bits(t):
 
 
 def _cpu_kernel(src_hit, index, out, out_hit, aligned):
-    """Run the CPU kernel over ``(bits, address)`` views; ``IndexError`` (nothing written) if out of range."""
+    """Run the CPU kernel over ``(bits, address)`` views; ``IndexError`` (nothing written) if out of range.
+
+    Until the kernel is loaded in this process (``cpu.ready``), torch's ``index_select`` gathers the same
+    bits, and the load starts once it pays (``cpu.note_fallback``): a process's first load takes most of a
+    second."""
     src_bits = src_hit[0]
-    bad = cpu.launch(src_bits, index, out_hit[0], aligned=aligned)
+    carrier, index_size = src_bits.element_size(), index.element_size()
+    if cpu.ready(aligned, carrier, index_size):
+        bad = cpu.launch(src_bits, index, out_hit[0], aligned=aligned)
+    else:
+        t0 = time.perf_counter()
+        bad = _index_select(src_bits, index, out_hit[0])
+        cpu.note_fallback(time.perf_counter() - t0, aligned, carrier, index_size)
     if bad >= 0:
         raise _range_error(int(index[bad]), src_bits.shape[0], bad)
     return out
+
+
+def _index_select(src, index, out):
+    """torch's ``index_select`` of 2-D ``src`` rows into ``out``, after the kernels' own check: the position of
+    the first id out of range (nothing written), else -1."""
+    if index.numel():
+        lo, hi = (int(v) for v in torch.aminmax(index))
+        if lo < 0 or hi >= src.shape[0]:
+            return int(((index < 0) | (index >= src.shape[0])).nonzero()[0, 0])
+    torch.index_select(src, 0, index, out=out)
+    return -1
 
 
 def _plan(src, index, out, backend, *, cpu_bounds):

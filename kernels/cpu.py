@@ -34,13 +34,15 @@ import torch
 from llvmlite import ir
 from numba import carray, cfunc, njit, prange, types
 from numba.core import cgutils
-from numba.core.compiler_lock import global_compiler_lock
 from numba.extending import intrinsic
 
+from . import forks
 from .carriers import CARRIERS, ELEMENT_SIZES
 from .indexing import naive_element
+from .operands import check_launch
 
-__all__ = ["launch", "first_invalid", "set_num_threads", "get_num_threads", "set_team", "team",
+__all__ = ["launch", "first_invalid", "set_num_threads", "get_num_threads", "set_team", "team", "prepare", "ready",
+           "note_fallback", "LOAD_AFTER_S",
            "SERIAL_BYTES", "PREFETCH_ROWS", "PREFETCH_LINES", "MEMCPY_BYTES"]
 
 _naive = njit(inline="always")(naive_element)
@@ -298,7 +300,7 @@ class _TorchOpenMP:
 @functools.cache
 def _torch_openmp():
     """Torch's loaded OpenMP runtime, or None (then the Numba team runs the kernels)."""
-    if "OpenMP" not in torch.__config__.parallel_info().rsplit("ATen parallel backend:", 1)[-1]:
+    if not forks.TORCH_ON_OPENMP:
         return None
     try:
         with open("/proc/self/maps") as maps:
@@ -317,31 +319,8 @@ def _torch_openmp():
 
 
 _team = None
-_forked = False
 
 
-def _before_fork():
-    # A lock held by another thread at fork() stays held forever in the child, where
-    # that thread does not exist: a child forked while a thread compiled its first
-    # gather blocked on Numba's compiler lock at its own first gather.  So fork()
-    # waits until no thread is compiling, and the child starts with the lock free.
-    global_compiler_lock.acquire()
-
-
-def _after_fork_in_parent():
-    global_compiler_lock.release()
-
-
-def _after_fork_in_child():
-    # A forked child inherits an OpenMP runtime whose threads did not come along:
-    # starting a team there hangs (GNU libgomp; torch's own ops hang too) or aborts
-    # (Numba).  Gathers in a forked child run serially instead.
-    global _forked
-    _forked = True
-    global_compiler_lock.release()
-
-
-os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
 def set_team(name):
@@ -372,8 +351,8 @@ def team():
 
 def get_num_threads():
     """Threads a parallel CPU gather uses: torch's count on the torch team, else Numba's;
-    1 in a process forked from one that had started (see ``_after_fork_in_child``)."""
-    if _forked:
+    1 in a forked child (see :mod:`directload.kernels.forks`)."""
+    if forks.forked():
         return 1
     return torch.get_num_threads() if team() == "torch" else numba.get_num_threads()
 
@@ -381,6 +360,97 @@ def get_num_threads():
 def set_num_threads(n):
     """Threads of Numba's team (the torch team follows ``torch.set_num_threads``)."""
     numba.set_num_threads(n)
+
+
+# ---------------------------------------------------------------- readiness
+# A process's first kernel load (from Numba's on-disk cache) first initialises Numba's CPU target: 0.73 s
+# measured on 2 cores, most of it imports, which hold the GIL (a load on a thread of its own slowed the
+# training loop beside it about as much).  The kernels gather 7-19% faster than torch's index_select
+# (measured side by side, 20k-100k rows of 400-2408 bytes), so the load pays only after seconds of
+# gathering.  kernels.api's gather therefore runs torch's index_select (the same bits, the same index
+# check) until the kernel is loaded, and starts the load the ski-rental way: once gathers on
+# index_select have taken LOAD_AFTER_S in this process, about what the load costs over what the kernel
+# saves.  Short runs never pay the load; long runs pay it once.  prepare() loads at once.
+
+#: Seconds of gathering on torch's index_select after which a process loads the kernel (see above).
+LOAD_AFTER_S = 5.0
+_loaded = set()  # (team, aligned, carrier size, index size) of the kernels this process has loaded
+_loading = {}  # the same keys -> the thread loading them
+_ready_lock = threading.Lock()
+_fallback_s = 0.0  # seconds gathered on index_select so far in this process
+
+
+def note_fallback(seconds, aligned, carrier_size, index_size):
+    """A gather ran on torch's ``index_select`` for ``seconds`` because its kernel was not loaded: start
+    the load once such gathers have taken :data:`LOAD_AFTER_S`."""
+    global _fallback_s
+    _fallback_s += seconds
+    if _fallback_s >= LOAD_AFTER_S:
+        prepare((carrier_size,), (index_size,), aligned=aligned)
+
+
+def _ready_key(aligned, carrier_size, index_size):
+    return team(), bool(aligned), int(carrier_size), int(index_size)
+
+
+def ready(aligned, carrier_size, index_size):
+    """Whether the kernel of a gather of ``carrier_size``-byte elements by ``index_size``-byte ids is loaded
+    in this process (so a gather runs it at once, without a load)."""
+    return _ready_key(aligned, carrier_size, index_size) in _loaded
+
+
+def _load(key):
+    team_name, aligned, carrier_size, index_size = key
+    if team_name == "torch":
+        _team_kernel(aligned, carrier_size, index_size)
+    else:
+        src = np.zeros((1, 1), _NP_CARRIER[carrier_size])
+        idx = np.zeros(1, _NP_INDEX[index_size])
+        for parallel in (False, True):
+            _KERNELS[aligned, parallel](src, idx, np.zeros((1, 1), src.dtype), 1)
+    with _ready_lock:
+        _loaded.add(key)
+        _loading.pop(key, None)
+
+
+def prepare(element_sizes=ELEMENT_SIZES, index_sizes=(8, 4), *, aligned=True, background=True):
+    """Load the CPU gather kernels of these element and index sizes in this process (from Numba's on-disk
+    cache; compiled once per machine): on a daemon thread of its own (``background``, the default: returns
+    at once; gathers run torch's ``index_select`` until it is done), or now.  Idempotent; a load already
+    under way is not started twice.  Long jobs and benchmarks call it up front; otherwise gathers start
+    the load themselves once it pays (:data:`LOAD_AFTER_S`).
+
+    Not in a forked child that inherited no loaded kernel: its gathers are serial, and torch's
+    ``index_select`` does them without the load (each of a DataLoader's workers would pay it).
+    """
+    if forks.forked():
+        return
+    keys = [_ready_key(aligned, c, i) for c in element_sizes for i in index_sizes]
+    with _ready_lock:
+        todo = [k for k in keys if k not in _loaded and k not in _loading]
+        if not todo:
+            return
+        if not background:
+            for k in todo:
+                _loading[k] = threading.current_thread()
+    if not background:
+        for k in todo:
+            _load(k)
+        return
+
+    def run():
+        for k in todo:
+            try:
+                _load(k)
+            except Exception:  # noqa: BLE001 - a gather that needs the kernel loads it itself, and raises there
+                with _ready_lock:
+                    _loading.pop(k, None)
+
+    thread = threading.Thread(target=run, name="directload-kernel-load", daemon=True)
+    with _ready_lock:
+        for k in todo:
+            _loading[k] = thread
+    thread.start()
 
 
 # ---------------------------------------------------------------- entry point
@@ -425,6 +495,7 @@ def launch(src, index, out, *, aligned=True, stream=0):
     >>> launch(src, np.array([0, 3]), out)
     1
     """
+    check_launch(src, index, out)
     if type(out) is np.ndarray:
         return _launch_arrays(src, index, out, aligned)
     threads = get_num_threads() if out.numel() * out.element_size() >= SERIAL_BYTES else 1

@@ -10,6 +10,7 @@ import numpy as np
 from .indexing import BLOCK, WARP, launch_grid
 from .interop import cuda_array
 from .nvrtc import compile_gather, kernel_name, tiered_kernel_name
+from .operands import check_launch
 from .sources import CUDA_DIR, cache_dir
 
 __all__ = ["launch", "kernel", "tiered_kernel", "gather_rows", "gather_tiered_rows"]
@@ -91,6 +92,7 @@ def launch(src, index, out, *, aligned=True, stream=0):
     device or GPU-mapped host memory, ``index`` range-checked, ``stream`` a
     ``cudaStream_t``.  Returns -1.
     """
+    check_launch(src, index, out)
     import cupy
 
     gather_rows(cupy.asarray(cuda_array(src)), cupy.asarray(index), cupy.asarray(out), aligned=aligned,

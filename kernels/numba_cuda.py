@@ -10,6 +10,7 @@ from numba.np.numpy_support import from_dtype
 
 from .indexing import BLOCK, LINE, WARP, aligned_geometry, aligned_span, launch_grid, naive_element, tier_row
 from .interop import cuda_array
+from .operands import check_launch
 
 __all__ = ["launch", "gather_rows", "gather_tiered_rows", "compile_ptx", "compile_tiered_ptx", "kernel_signature",
            "array_address"]
@@ -213,6 +214,7 @@ def launch(src, index, out, *, aligned=True, stream=0):
     range-checked.  ``stream`` is a ``cudaStream_t``; nothing synchronises.
     Returns -1 (a GPU launch has nothing to flag).
     """
+    check_launch(src, index, out)
     gather_rows(cuda.as_cuda_array(cuda_array(src)), cuda.as_cuda_array(index), cuda.as_cuda_array(out),
                 aligned=aligned, stream=cuda.external_stream(stream) if stream else 0)
     return -1

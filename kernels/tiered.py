@@ -22,6 +22,7 @@ from numba import njit, prange
 
 from directload.capabilities import capabilities
 
+from . import cpu
 from .api import _CARRIER, _new_cpu_out, _overlap, _span
 from .devices import MAPPED, memory_of
 from .indexing import tier_row
@@ -64,21 +65,53 @@ def check_where(where, n_slots, flat_elems, row_elems):
                              f"(rows of {row_elems})")
 
 
+@njit(inline="always")
+def _tiered_row(cache, flat, where, out, row_elems, r):
+    tier, first, _ = _tier_row(where[r], row_elems, 1, 0, 0)
+    if tier == 0:
+        out[r, :] = cache[first:first + row_elems]
+    else:
+        out[r, :] = flat[first:first + row_elems]
+
+
+@njit(inline="always")
+def _fill_row(table, slots, flat, offsets, row_elems, k):
+    _, first, _ = _tier_row(-offsets[k] - 1, row_elems, 1, 0, 0)
+    table[slots[k], :] = flat[first:first + row_elems]
+
+
+# Each loop twice: on Numba's threads, and serial for a forked child (whose inherited threading layer
+# aborts at its first parallel loop: "fork() called from a process already using GNU OpenMP") or one thread.
 @njit(parallel=True, nogil=True, cache=True)
-def _cpu_tiered(cache, flat, where, out, row_elems):
+def _cpu_tiered_parallel(cache, flat, where, out, row_elems):
     for r in prange(where.shape[0]):
-        tier, first, _ = _tier_row(where[r], row_elems, 1, 0, 0)
-        if tier == 0:
-            out[r, :] = cache[first:first + row_elems]
-        else:
-            out[r, :] = flat[first:first + row_elems]
+        _tiered_row(cache, flat, where, out, row_elems, r)
+
+
+@njit(nogil=True, cache=True)
+def _cpu_tiered_serial(cache, flat, where, out, row_elems):
+    for r in range(where.shape[0]):
+        _tiered_row(cache, flat, where, out, row_elems, r)
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _cpu_fill(table, slots, flat, offsets, row_elems):
+def _cpu_fill_parallel(table, slots, flat, offsets, row_elems):
     for k in prange(slots.shape[0]):
-        _, first, _ = _tier_row(-offsets[k] - 1, row_elems, 1, 0, 0)
-        table[slots[k], :] = flat[first:first + row_elems]
+        _fill_row(table, slots, flat, offsets, row_elems, k)
+
+
+@njit(nogil=True, cache=True)
+def _cpu_fill_serial(table, slots, flat, offsets, row_elems):
+    for k in range(slots.shape[0]):
+        _fill_row(table, slots, flat, offsets, row_elems, k)
+
+
+def _cpu_tiered(*args):
+    return (_cpu_tiered_parallel if cpu.get_num_threads() > 1 else _cpu_tiered_serial)(*args)
+
+
+def _cpu_fill(*args):
+    return (_cpu_fill_parallel if cpu.get_num_threads() > 1 else _cpu_fill_serial)(*args)
 
 
 def fill_slots(table, slots, flat, offsets):

@@ -214,6 +214,9 @@ class Pipeline:
         self._sample_in_thread = sample_in_thread
         self._overlap = overlap
         self._sampler = self._gatherer = None
+        # One batch handed out at a time: an epoch's iterator shared by threads gives each batch to one of
+        # them, every batch to some (its counters and queues are not safe for two callers at once).
+        self._next_lock = threading.Lock()
         if sample_in_thread:
             self._sampler = self._spawn(self._sample_loop, "sampler", self._sampled)
         if overlap:
@@ -336,6 +339,10 @@ class Pipeline:
         return self
 
     def __next__(self):
+        with self._next_lock:
+            return self._next()
+
+    def _next(self):
         if self._handed is not None:
             self.stats["compute_s"] += time.perf_counter() - self._handed
             self._handed = None

@@ -43,6 +43,16 @@ if not HAS_PYG:
     collect_ignore.append("loaders/pyg_loader")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _cpu_kernels_loaded():
+    """Every CPU gather kernel loaded up front, so the gathers under test run the kernels (a process uses
+    torch's index_select until a load pays; tests/kernels/test_readiness.py tests that path)."""
+    from directload.kernels import cpu
+
+    for aligned in (True, False):
+        cpu.prepare(aligned=aligned, background=False)
+
+
 def frameworks():
     """The frameworks installed in this lane, DGL first."""
     return [name for name, ok in (("dgl", HAS_DGL), ("pyg", HAS_PYG)) if ok]
@@ -141,3 +151,24 @@ def within(seconds, fn):
     if "error" in box:
         raise box["error"]
     return box.get("value")
+
+
+def drain_from_threads(iterator, threads=2):
+    """Every item of ``iterator``, pulled by ``threads`` threads at once."""
+    got, errors = [], []
+
+    def run():
+        try:
+            for item in iter(lambda: next(iterator, None), None):
+                got.append(item)
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    pool = [threading.Thread(target=run, daemon=True) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join(60)
+        assert not t.is_alive(), "a thread hung on the shared iterator"
+    assert errors == []
+    return got

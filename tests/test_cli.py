@@ -146,3 +146,43 @@ def test_bad_numbers_are_refused_by_the_parser(capsys):
             main(argv)
         assert exc.value.code == 2
     assert "must be" in capsys.readouterr().err
+
+
+def test_every_help_of_every_command_prints():
+    # in-process: every parser and subparser formats its help (a stray % in a help string crashed argparse)
+    for parser, _ in _actions(build_parser()):
+        assert parser.format_help()
+    seen = {p.prog for p, _ in _actions(build_parser())}
+    assert {"directload train", "directload dataset pack", "directload store verify", "directload bench"} <= seen
+    for argv in (["--help"], ["dataset", "--help"], ["store", "verify", "--help"], ["train", "--help"]):
+        proc = _run(*argv)
+        assert proc.returncode == 0 and proc.stdout.startswith("usage:") and not proc.stderr, (argv, proc.stderr)
+
+
+HELP_OF_EVERY_BENCHMARK = """
+import contextlib, io, runpy, sys
+from directload.cli import _BENCH, _SOURCE_TREE
+failed = []
+for which, script in sorted(_BENCH.items()):
+    sys.argv = [script, "--help"]
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(str(_SOURCE_TREE / "benchmarks" / script), run_name="__main__")
+        failed.append((which, "no exit"))
+    except SystemExit as exc:
+        if exc.code not in (0, None) or not out.getvalue().startswith("usage:"):
+            failed.append((which, exc.code, out.getvalue()[:200]))
+    except BaseException as exc:
+        failed.append((which, repr(exc)))
+print(failed)
+sys.exit(1 if failed else 0)
+"""
+
+
+def test_every_benchmarks_help_prints():
+    proc = subprocess.run([sys.executable, "-c", HELP_OF_EVERY_BENCHMARK], capture_output=True, encoding="utf-8",
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    cache = _run("bench", "cache", "--help")  # through the command line (a stray % crashed argparse here)
+    assert cache.returncode == 0 and cache.stdout.startswith("usage:") and "Traceback" not in cache.stderr

@@ -11,7 +11,6 @@ import contextlib
 import io
 import json
 import os
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from directload.atomic import write_atomically
 from directload.capabilities import require
 from directload.files import CorruptFileError, from_file, npy_layout
 from directload.unified import to_unified
@@ -164,15 +164,7 @@ def _read_graph(path, info, quiet, *, need_feat):
 
 
 def _save_atomically(path, arrays):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".npz", delete=False) as f:
-        tmp = Path(f.name)
-    try:
-        np.savez(tmp, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomically(path, lambda f: np.savez(f, **arrays))
 
 
 def _read_split(path, info):
@@ -303,12 +295,5 @@ def convert(root, name, *, quiet=True):
         if have[:2] == (feat.dtype, feat.shape):
             return out  # converted before
         raise FileExistsError(f"{out} exists with another layout ({have[0]}, {have[1]}); not overwriting it")
-    with tempfile.NamedTemporaryFile(dir=out.parent, prefix=f".{FEATURE_FILE}.", suffix=".npy", delete=False) as f:
-        tmp = Path(f.name)
-    try:
-        np.save(tmp, feat)
-        os.replace(tmp, out)  # complete or absent, never half written
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomically(out, lambda f: np.save(f, feat))  # complete or absent, never half written
     return out

@@ -12,7 +12,8 @@ dataset) as a disk store with checksums, and :func:`verify` checks them.
 from .base import ClosedError, FeatureStore, ReadFuture, check_table, read_devices
 from .cache import DeviceCache, HostCache, make_policy
 from .disk import DirectIOWarning, DiskStore, io_path
-from .disk_format import read_layout, verify, write_disk_store
+from .disk_format import read_layout, verify
+from .disk_write import write_disk_store
 from .packing import access_counts, hot_order, renumber
 from .tensor import TensorStore
 from .tiered import TieredStore, tiered

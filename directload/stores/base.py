@@ -9,7 +9,9 @@ then call protected hooks, so a bad id or a wrong ``out`` raises a typed error
 before any kernel runs, whatever the store.
 """
 
+import os
 import threading
+import weakref
 
 import numpy as np
 import torch
@@ -34,9 +36,19 @@ class ReadFuture:
         self._run, self._future, self._result, self._done = run, future, result, done
         self._error = None
         self._lock = threading.Lock()
+        self._pid = os.getpid()
 
     def wait(self):
-        """The rows (``[len(ids), *row_shape]``), once the read is complete."""
+        """The rows (``[len(ids), *row_shape]``), once the read is complete.
+
+        A read still in flight when the process forked cannot complete in the child (the thread doing
+        it stayed in the parent): waiting for it there raises ``RuntimeError`` instead of hanging.
+        """
+        if self._pid != os.getpid():
+            if self._future is not None:
+                raise RuntimeError("this read was started before the process forked and runs in the parent: "
+                                   "it cannot complete in this child; read the rows again here")
+            self._lock, self._pid = threading.Lock(), os.getpid()  # a parent's thread may have held it
         with self._lock:
             # An Exception is the read's outcome, kept for every later wait(); a KeyboardInterrupt or
             # SystemExit while waiting is not, and leaves the read to be waited for again.
@@ -84,6 +96,13 @@ def check_table(what, table):
                         "directload.stores.FeatureStore (subclass it, or wrap the rows in a TensorStore)")
 
 
+def _zero_d(ids):
+    # torch's indexing would give one row without its batch dimension, index_select a batch of one: a read
+    # gives neither silently, it always returns [len(ids), *row_shape]
+    return (f"ids must be 1-D, got a 0-d {type(ids).__name__} (a single id): pass [i] to read one row as a "
+            "batch of one")
+
+
 def _as_index(ids):
     """``ids`` as a 1-D int64/int32 tensor (numpy arrays and lists accepted), or a typed error."""
     if isinstance(ids, torch.Tensor):
@@ -91,6 +110,8 @@ def _as_index(ids):
     elif isinstance(ids, np.ndarray):
         if ids.dtype.kind not in "iu":
             raise TypeError(f"ids must be integers, got a numpy array of {ids.dtype}")
+        if ids.ndim == 0:
+            raise ValueError(_zero_d(ids))
         if ids.dtype == np.uint64 and ids.size and int(ids.max()) > np.iinfo(np.int64).max:
             raise IndexError(f"row id {int(ids.max())} is out of range")
         t = torch.from_numpy(np.ascontiguousarray(ids).astype(np.int64, copy=False))
@@ -105,6 +126,8 @@ def _as_index(ids):
         raise TypeError(f"ids must be a tensor, a numpy array or a list of integers, not {type(ids).__name__}")
     if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
         raise TypeError(f"ids must be integer row ids, got {t.dtype}")
+    if t.dim() == 0:
+        raise ValueError(_zero_d(ids))
     if str(t.dtype) in ("torch.uint32", "torch.uint64"):  # torch >= 2.3: check before int64 could wrap
         return _as_index(t.cpu().numpy()).to(t.device)
     if t.dim() != 1:
@@ -112,6 +135,17 @@ def _as_index(ids):
     if t.dtype not in (torch.int32, torch.int64):
         t = t.to(torch.int64)
     return t
+
+
+_live = weakref.WeakSet()  # every store, for the fork handler
+
+
+def _after_fork_in_child():
+    for store in list(_live):
+        store._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class FeatureStore:
@@ -149,6 +183,7 @@ class FeatureStore:
 
     def __init__(self):
         self._closed = False
+        _live.add(self)
 
     # ----------------------------------------------------------------- shape
     @property
@@ -190,6 +225,7 @@ class FeatureStore:
         self._check_bounds(index)
         if out is not None:
             self._check_out(out, len(index), out_device)
+            _bump_version(out)  # the read writes it in place, as index_select(out=) does
         return self._read_async(index, out, run, out_device)
 
     def read(self, ids, *, out=None, device=None):
@@ -236,8 +272,16 @@ class FeatureStore:
     def prefetch(self, ids):
         """A hint that ``ids`` will be read soon (the loaders call it with each batch's ids ahead).
 
-        The default does nothing; caching stores override it.
+        The ids are checked as a read's are (errors before any work); then :meth:`_prefetch` acts on
+        them: nothing by default, read-ahead in caching stores.
         """
+        self._check_open()
+        index = _as_index(ids)
+        self._check_bounds(index)
+        self._prefetch(index)
+
+    def _prefetch(self, index):
+        """Act on checked prefetch ids (1-D int32/int64, in range); the default does nothing."""
 
     # -------------------------------------------------------------- lifetime
     @property
@@ -269,6 +313,11 @@ class FeatureStore:
     def _close(self):
         """Release resources (reads in flight must finish first)."""
 
+    def _after_fork(self):
+        """Called in a forked child, before anything else runs there: make the store usable in it.  Threads
+        of the parent did not come along, and locks they held stay held; a store that has threads or
+        locks replaces them here (the default has none)."""
+
     # --------------------------------------------------------------- helpers
     def _check_open(self):
         if self._closed:
@@ -287,8 +336,59 @@ class FeatureStore:
         want = (n, *self.row_shape)
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"out must be a torch.Tensor, not {type(out).__name__}")
+        if getattr(out, "is_unified", False):
+            raise TypeError("out is a unified tensor: a read writes into a plain tensor (a unified table may be "
+                            "read-only, mapped from a file or shared with other processes); read into a plain "
+                            "tensor and copy it over with the unified tensor's own indexing")
         if tuple(out.shape) != want or out.dtype != self.dtype or not out.is_contiguous():
             raise ValueError(f"out must be a contiguous {self.dtype} tensor of shape {want}, got "
                              f"{'' if out.is_contiguous() else 'non-contiguous '}{out.dtype} {tuple(out.shape)}")
         if out.device != device:
             raise ValueError(f"out is on {out.device} but this read's result lives on {device}")
+        if out.requires_grad:
+            raise ValueError("out requires grad: a read writes it outside autograd, which would then compute "
+                             "gradients from values it never saw; pass a tensor that does not require grad")
+        if out.is_inference() and not torch.is_inference_mode_enabled():
+            raise ValueError("out is an inference tensor and cannot be written in place outside inference mode "
+                             "(as torch refuses it); read into a normal tensor, or read inside torch.inference_mode()")
+        if out.numel():
+            span = _span(out)
+            for mine in self._own_memory():
+                if _overlap(span, _storage_span(mine)):
+                    raise ValueError(f"out shares memory with {self!r}'s own rows: a read cannot write where it "
+                                     "reads; pass a separate out")
+
+    def _own_memory(self):
+        """Tensors (or arrays) whose memory the store reads rows from or keeps them in, which no ``out`` may
+        overlap: a tensor store's table, a cache's slots."""
+        return ()
+
+
+def _span(t):
+    """``[first, end)`` byte addresses of a contiguous tensor's elements."""
+    start = t.data_ptr()
+    return start, start + t.numel() * t.element_size()
+
+
+def _storage_span(t):
+    """``[first, end)`` byte addresses of all the memory under a tensor or array (its whole storage)."""
+    if isinstance(t, np.ndarray):
+        base = t
+        while isinstance(base.base, np.ndarray):
+            base = base.base
+        return base.ctypes.data, base.ctypes.data + base.nbytes
+    storage = t.untyped_storage()
+    return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+
+
+def _overlap(a, b):
+    return a[0] < b[1] and b[0] < a[1] and a[0] != a[1] and b[0] != b[1]
+
+
+def _bump_version(t):
+    """Tell autograd that ``t`` changes in place, so a graph that saved it refuses to use the old values."""
+    bump = getattr(torch.autograd.graph, "increment_version", None)
+    if bump is None:
+        return
+    if not t.is_inference():  # (an inference tensor has no version counter)
+        bump(t)

@@ -18,6 +18,7 @@ No deadlock at any size: a batch larger than the free slots is staged in part an
 demand; a cache of no slots passes every read through, and its stats say so.
 """
 
+import os
 import threading
 import time
 from collections import deque
@@ -32,11 +33,12 @@ from directload.kernels.devices import MAPPED, memory_of
 from directload.kernels.indexing import LINE
 from directload.kernels.pcie_model import row_min_lines
 from directload.kernels.tiered import fill_slots, flat_where, gather_tiered
+from directload.units import check_bytes
 
 from .base import FeatureStore, ReadFuture, _as_index
 from .policies import POLICIES, LookAhead, Policy
 
-__all__ = ["Cache", "HostCache", "DeviceCache", "make_policy", "check_bytes", "POLICY_NAMES"]
+__all__ = ["Cache", "HostCache", "DeviceCache", "make_policy", "POLICY_NAMES"]
 
 #: Policy names a cache takes (or pass a Policy, or a callable ``capacity -> Policy``).
 POLICY_NAMES = ("lookahead", *POLICIES)
@@ -108,13 +110,6 @@ class _Staging:
 _POOLED = 4  # demand buffers kept for reuse (one per reader in flight; more readers allocate their own)
 
 
-def check_bytes(name, value):
-    """``value`` as an int number of bytes >= 0, else ``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"{name} must be an integer number of bytes >= 0, got {value!r}")
-    return int(value)
-
-
 class Cache(FeatureStore):
     """A cache in front of ``fallback``; see the module's docstring.  Use :class:`HostCache` or
     :class:`DeviceCache`.
@@ -183,10 +178,46 @@ class Cache(FeatureStore):
                                      "demand_bytes", "prefetch_bytes", "read_s", "wait_s", "fallback_s",
                                      "policy_s", "ahead_s", "pcie_lines", "warmed_rows", "warm_s"), 0)
         self._thread = None
+        self._pid = os.getpid()
+        self._start_reader()
+
+    def _start_reader(self):
+        """The read-ahead thread of this process (none without staging slots)."""
         if self.staging_rows:
             self._thread = threading.Thread(target=self._prefetch_loop, name=f"directload-{self.tier}-prefetch",
                                             daemon=True)
             self._thread.start()
+
+    def _after_fork(self):
+        """A forked child keeps the cached rows and nothing else: the parent's read-ahead and warm threads
+        did not come along (their slots would wait for ever), nor the reads in flight on its threads,
+        and its announced batches are its loader's, not the child's.  Fresh locks; the read-ahead
+        thread starts again at the child's first hint or read."""
+        self._lock = threading.Condition()
+        keep = self._kind == _CACHED
+        mapped = self._slot >= 0
+        drop = np.zeros(self._slot.shape[0], np.bool_)
+        drop[mapped] = ~keep[self._slot[mapped]]
+        self._slot[drop | (self._slot == -2)] = -1  # rows of dropped slots, and demand reads in flight
+        self._kind[~keep] = _FREE
+        self._staged_for[:] = -1
+        self._until[:] = -1
+        self._pinned[:] = 0
+        self._deferred = []
+        self._free = np.flatnonzero(~keep)[::-1].tolist()
+        self._ahead.clear()
+        self._demand = 0
+        self._warming, self._warmer, self._thread = False, None, None
+        self._takes, self._ahead_take = [], _Staging()
+        self._pid = None  # the reader starts at the first use
+
+    def _this_process(self):
+        if self._pid != os.getpid():
+            with self._lock:
+                if self._pid != os.getpid():
+                    self._pid = os.getpid()
+                    if not self._closed:
+                        self._start_reader()
 
     # ---------------------------------------------------------------- shape
     @property
@@ -208,15 +239,16 @@ class Cache(FeatureStore):
     def _allocate(self, slots):
         raise NotImplementedError
 
+    def _own_memory(self):
+        return (self._rows, *self.fallback._own_memory())
+
     # ----------------------------------------------------------- prefetch
-    def prefetch(self, ids):
-        """The loader's hint: ``ids`` is the next batch it will read (after those announced before).
+    def _prefetch(self, index):
+        """The loader's hint: ``index`` is the next batch it will read (after those announced before).
 
         The policy sees it as the future; the read-ahead thread stages its rows; the fallback gets
         the ids this cache does not hold now."""
-        self._check_open()
-        index = _as_index(ids)  # TypeError / ValueError for what is not 1-D integer ids
-        self._check_bounds(index)
+        self._this_process()
         rows = np.unique(index.cpu().numpy().astype(np.int64, copy=False))
         with self._lock:
             self._raise_failure()
@@ -390,6 +422,7 @@ class Cache(FeatureStore):
 
     # -------------------------------------------------------------- reads
     def _read_async(self, index, out, run_device, out_device):
+        self._this_process()
         ids = index.cpu().numpy().astype(np.int64, copy=False)  # read now: np.unique below makes new arrays
         return ReadFuture(result=self._read(ids, out, run_device, out_device))
 

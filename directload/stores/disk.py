@@ -20,13 +20,22 @@ from directload.kernels.tiered import flat_where, gather_tiered
 
 from . import disk_io
 from .base import FeatureStore, ReadFuture
-from .disk_format import raw_layout, read_id_map, read_layout
+from .disk_format import raw_layout, read_layout
 
 __all__ = ["DiskStore", "DirectIOWarning", "io_path"]
 
 _MAX_BLOCK = 1 << 16
 _POOL_BYTES = 1 << 20
 _MAX_READ = 1 << 30  # one read's length is a 32-bit count
+_fork_lock = threading.Lock()  # a forked child's first reads start its engine once
+
+
+def _after_fork_in_child():
+    global _fork_lock
+    _fork_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class DirectIOWarning(UserWarning):
@@ -151,7 +160,8 @@ class DiskStore(FeatureStore):
     """
 
     def __init__(self, path, *, dtype=None, shape=None, offset=0, queue_depth=64, rings=1, engine="auto",
-                 direct="auto", merge_gap=0, max_read=128 << 10, retries=3, staging_bytes=64 << 20, submit_batch=1):
+                 direct="auto", merge_gap=0, max_read=128 << 10, retries=3, staging_bytes=64 << 20, submit_batch=1,
+                 _expect=None):
         super().__init__()
         for name, value, low in (("queue_depth", queue_depth, 1), ("rings", rings, 1), ("merge_gap", merge_gap, 0),
                                  ("max_read", max_read, 1), ("retries", retries, 0),
@@ -165,28 +175,50 @@ class DiskStore(FeatureStore):
         if direct not in ("auto", True, False):
             raise ValueError(f"direct must be 'auto', True or False, not {direct!r}")
         self.path = Path(path)
-        if dtype is None and shape is None:
-            self._layout = read_layout(self.path)
-        elif dtype is None or shape is None:
+        if (dtype is None) != (shape is None):
             raise ValueError("a raw file needs both dtype and shape (a .npy file needs neither)")
-        else:
-            self._layout = raw_layout(self.path, dtype, shape, offset)
-        # a renumbered store (hot rows packed together): its id map, applied to every read
-        self.id_map = read_id_map(self._layout)
-        if self._layout.row_nbytes > _MAX_READ - 2 * _MAX_BLOCK:
-            raise ValueError(f"{self.path}: rows of {self._layout.row_nbytes} bytes; a disk store reads rows of "
-                             "up to 1 GiB")
         self._options = dict(dtype=dtype, shape=shape, offset=offset, queue_depth=queue_depth, rings=rings,
                              engine=engine, direct=direct,
                              merge_gap=merge_gap, max_read=max_read, retries=retries, staging_bytes=staging_bytes,
                              submit_batch=submit_batch)
         self.engine_name = io_path(engine)
         self._lock = threading.Lock()
+        self._submit_lock = threading.Lock()  # a read is submitted, or the store closed, never both at once
         self._stats = dict.fromkeys(("rows", "unique_rows", "requested_bytes", "bytes_read", "reads",
                                      "io_seconds", "cpu_seconds", "batches", "zero_copy_batches"), 0)
         self._pid = None
         self._staging = None
-        self._open()
+        self._fd = self._open_file(_expect)
+        self._start()
+
+    def _open_file(self, expect=None):
+        """Read the layout (a store's current generation, its id map checked) and open that very file for
+        I/O; a writer publishing a new generation meanwhile makes it read again.  ``expect``: the
+        ``(device, inode, token)`` a pickled store had, which the file reopened must have too."""
+        for _ in range(4):
+            if self._options["dtype"] is None:
+                layout = read_layout(self.path, with_id_map=True)
+            else:
+                layout = raw_layout(self.path, self._options["dtype"], self._options["shape"],
+                                    self._options["offset"])
+            if expect is not None and (layout.device, layout.inode, layout.token) != tuple(expect):
+                raise CorruptFileError(f"{self.path}: the store was rewritten or replaced since this DiskStore "
+                                       "was opened in the process that sent it; open it again")
+            if layout.row_nbytes > _MAX_READ - 2 * _MAX_BLOCK:
+                raise ValueError(f"{self.path}: rows of {layout.row_nbytes} bytes; a disk store reads rows of "
+                                 "up to 1 GiB")
+            try:
+                fd = self._open_direct(layout.path)
+            except FileNotFoundError:
+                continue  # the generation went: a new one was published since its layout was read
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino, st.st_size) == (layout.device, layout.inode, layout.file_bytes):
+                self._layout = layout
+                # a renumbered store (hot rows packed together): its id map, applied to every read
+                self.id_map = layout.id_map
+                return fd
+            os.close(fd)
+        raise CorruptFileError(f"{self.path}: the file kept changing while it was being opened")
 
     # ---------------------------------------------------------------- shape
     @property
@@ -202,14 +234,14 @@ class DiskStore(FeatureStore):
         return self._layout.dtype
 
     # ---------------------------------------------------------- per process
-    def _open(self):
-        """Open the file and the engine in this process."""
+    def _open_direct(self, path):
+        """``path`` opened for reads, with O_DIRECT where the file system takes it (``self.block`` set)."""
         flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
         direct = self._options["direct"]
         fd = None
         if direct is not False:
             try:
-                fd = os.open(self.path, flags | os.O_DIRECT)
+                fd = os.open(path, flags | os.O_DIRECT)
                 self.block = _probe_block(fd, _sysfs_block(fd))
             except OSError as exc:
                 if fd is not None:
@@ -218,34 +250,43 @@ class DiskStore(FeatureStore):
                 if exc.errno != 22 or direct is True:
                     raise
                 warnings.warn(f"{self.path}: the file system refuses O_DIRECT; reading through the page cache "
-                              "(rows read stay cached by the kernel)", DirectIOWarning, stacklevel=3)
+                              "(rows read stay cached by the kernel)", DirectIOWarning, stacklevel=4)
         self.direct = fd is not None
         if fd is None:
-            fd = os.open(self.path, flags)
+            fd = os.open(path, flags)
             self.block = 512  # no alignment needed; 512-byte reads keep the copy small
-        if os.fstat(fd).st_size != self._layout.file_bytes:
-            os.close(fd)
-            raise CorruptFileError(f"{self.path}: the file changed size since its header was read")
-        try:
-            if self.engine_name == "io_uring":
-                engine = disk_io.UringEngine(self._options["queue_depth"], self._options["rings"],
-                                             self._options["retries"], self._options["submit_batch"])
-            else:
-                engine = disk_io.PreadEngine(max(4, self._options["rings"] * 4), self._options["retries"])
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd, self._engine = fd, engine
+        return fd
+
+    # ---------------------------------------------------------- per process
+    def _start(self):
+        """The engine and the read thread of this process (the file stays open across fork)."""
+        o = self._options
+        if self.engine_name == "io_uring":
+            engine = disk_io.UringEngine(o["queue_depth"], o["rings"], o["retries"], o["submit_batch"])
+        else:
+            engine = disk_io.PreadEngine(max(4, o["rings"] * 4), o["retries"])
+        self._engine = engine
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="directload-disk")
         self._pid = os.getpid()
 
+    def _after_fork(self):
+        # The parent's read thread and rings did not come along, and a lock its threads held at the
+        # fork would stay held here: fresh locks now, a fresh engine at the first read.
+        self._lock, self._submit_lock = threading.Lock(), threading.Lock()
+        self._staging = None
+
     def _this_process(self):
-        if self._pid != os.getpid():  # a forked child: the parent's threads and ring did not come along
-            os.close(self._fd)
-            self._open()
+        if self._pid != os.getpid():
+            # A forked child's first read: its own engine and read thread.  The descriptor came along,
+            # and it is the very generation the parent read (the path could name a newer one by now).
+            with _fork_lock:
+                if self._pid != os.getpid():
+                    self._start()
 
     def __reduce__(self):
-        return _reopen, (str(self.path), self._options)
+        layout = self._layout
+        return _reopen, (str(layout.path if self._options["dtype"] is None else self.path), self._options,
+                         (layout.device, layout.inode, layout.token))
 
     # ---------------------------------------------------------------- reads
     def hot_ids(self):
@@ -263,7 +304,14 @@ class DiskStore(FeatureStore):
         if self.id_map is not None:
             ids = self.id_map[ids]
         pin = out_device.type == "cuda"
-        return ReadFuture(future=self._worker.submit(self._read, ids, out, out_device, pin))
+        return ReadFuture(future=self._submit(self._read, ids, out, out_device, pin))
+
+    def _submit(self, fn, *args):
+        """``fn(*args)`` on the read thread; :class:`ClosedError` once the store is closed, whichever thread
+        closed it, never the executor's own "cannot schedule new futures after shutdown"."""
+        with self._submit_lock:
+            self._check_open()
+            return self._worker.submit(fn, *args)
 
     def _read(self, ids, out, device, pin):
         n, rnb = ids.shape[0], self.row_nbytes
@@ -335,7 +383,7 @@ class DiskStore(FeatureStore):
         elem = self._flat_elem()
         if rows.size and self.row_nbytes and elem is not None:
             physical = rows if self.id_map is None else self.id_map[rows]
-            got = self._worker.submit(self._stage_rows, physical, take, elem).result()
+            got = self._submit(self._stage_rows, physical, take, elem).result()
             if got is not None:
                 return got
         return super()._stage(rows, take)
@@ -460,6 +508,8 @@ class DiskStore(FeatureStore):
 
     # ------------------------------------------------------------- lifetime
     def _close(self):
+        with self._submit_lock:  # a submit in progress ends first; later ones see the store closed
+            pass
         try:
             if self._pid == os.getpid():
                 # Reads in flight finish first; a store dropped by its own last read closes on the worker,
@@ -483,5 +533,5 @@ class DiskStore(FeatureStore):
         return f"DiskStore({str(self.path)!r}, shape={self.shape}, dtype={self.dtype}{state})"
 
 
-def _reopen(path, options):
-    return DiskStore(path, **options)
+def _reopen(path, options, expect):
+    return DiskStore(path, **options, _expect=expect)

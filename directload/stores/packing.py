@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .disk import DiskStore
-from .disk_format import write_disk_store
+from .disk_write import write_disk_store
 
 __all__ = ["access_counts", "hot_order", "renumber"]
 

@@ -86,6 +86,9 @@ class TensorStore(FeatureStore):
         return ReadFuture(lambda: _deliver(future.wait(), out, out_device), done=future.done)
 
 
+    def _own_memory(self):
+        return (self.table.check_backing() if is_unified(self.table) else self.table,)
+
     def _stage(self, rows, take):
         host = self.table.check_backing() if is_unified(self.table) else self.table
         if _gatherable(host) and not host.is_cuda and host.numel():

@@ -2,6 +2,8 @@
 
 import os
 
+from directload.units import check_bytes
+
 from .base import FeatureStore
 from .cache import DeviceCache, HostCache
 from .disk import DiskStore
@@ -39,6 +41,9 @@ class TieredStore(FeatureStore):
     def __init__(self, source, *, gpu_bytes=0, host_bytes=0, staging_bytes=None, policy="lookahead", device=None,
                  **disk_options):
         super().__init__()
+        gpu_bytes, host_bytes = check_bytes("gpu_bytes", gpu_bytes), check_bytes("host_bytes", host_bytes)
+        if staging_bytes is not None:
+            staging_bytes = check_bytes("staging_bytes", staging_bytes)
         if isinstance(source, FeatureStore):
             if disk_options:
                 raise TypeError(f"disk options {sorted(disk_options)} apply to a path, not to a given store")
@@ -80,15 +85,17 @@ class TieredStore(FeatureStore):
     def memory(self):
         return self.top.memory
 
+    def _own_memory(self):
+        return self.top._own_memory()
+
     def _read_async(self, index, out, run_device, out_device):
         return self.top._read_async(index, out, run_device, out_device)
 
     def _stage(self, rows, take):
         return self.top._stage(rows, take)
 
-    def prefetch(self, ids):
-        self._check_open()
-        self.top.prefetch(ids)
+    def _prefetch(self, index):
+        self.top.prefetch(index)
 
     def hot_ids(self):
         return self.tiers[-1].hot_ids()

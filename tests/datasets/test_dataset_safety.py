@@ -206,3 +206,27 @@ def test_convert_of_a_dataset_whose_features_are_already_a_npy_returns_it(tmp_pa
     path = synthesize(tmp_path, "d", SMALL, progress=False)  # features in raw/node-feat.npy, not in data.npz
     out = convert(tmp_path, "d")
     assert out == path / "raw" / "node-feat.npy" and np.load(out).shape == (400, 4)
+
+
+@pytest.mark.ogb
+def test_a_convert_killed_mid_write_leaves_no_file_and_the_next_one_cleans_up(tmp_path):
+    path = synthesize(tmp_path, "d", SMALL, inline_features=True, progress=False)
+    user = path / "raw" / ".node-feat.npy.mine.npy"  # a user's file that only looks like ours
+    user.write_bytes(b"mine")
+    pid = os.fork()
+    if pid == 0:  # the child dies (SIGKILL) in the middle of writing the .npy
+        try:
+            def dying_save(f, array):
+                f.write(b"\x93NUMPY half")
+                os.kill(os.getpid(), 9)
+
+            np.save = dying_save
+            convert(tmp_path, "d")
+        finally:
+            os._exit(3)
+    os.waitpid(pid, 0)
+    raw = sorted(os.listdir(path / "raw"))
+    assert "node-feat.npy" not in raw and any(p.endswith(".partial") for p in raw)  # no torn file, a partial
+    out = convert(tmp_path, "d")
+    assert np.load(out).shape == (400, 4)
+    assert [p for p in os.listdir(path / "raw") if p.startswith(".")] == [user.name]

@@ -174,3 +174,31 @@ def test_zero_width_rows_still_range_check(run):
         run(src, torch.tensor([0, 10]))
     with pytest.raises(IndexError, match="negative"):
         run(src, torch.tensor([-1]))
+
+
+@pytest.mark.parametrize("case", ["rows", "columns", "transposed", "wider elements", "3-D", "2-D index",
+                                  "float index"])
+@pytest.mark.parametrize("kind", ["tensor", "numpy"])
+def test_every_backend_launch_refuses_operands_it_would_write_past(case, kind):
+    # each backend's launch writes through raw pointers: a wrong out crashed the CPU one with SIGSEGV
+    from directload.kernels import cpu
+    from directload.kernels.operands import check_launch
+
+    src = torch.arange(4000, dtype=torch.int32).view(1000, 4)
+    index = torch.randint(0, 1000, (70000,))  # large enough for the parallel team
+    out = {"rows": torch.empty(10, 4, dtype=torch.int32), "columns": torch.empty(70000, 2, dtype=torch.int32),
+           "transposed": torch.empty(4, 70000, dtype=torch.int32).t(),
+           "wider elements": torch.empty(70000, 4, dtype=torch.int64),
+           "3-D": torch.empty(70000, 2, 2, dtype=torch.int32)}.get(case, torch.empty(70000, 4, dtype=torch.int32))
+    if case == "2-D index":
+        index = index.view(-1, 1)
+    if case == "float index":
+        index = index.float()
+    poison = out.clone()
+    if kind == "numpy":
+        src, index, out = src.numpy(), index.numpy(), out.numpy()
+    with pytest.raises((ValueError, TypeError)):
+        check_launch(src, index, out)
+    with pytest.raises((ValueError, TypeError)):
+        cpu.launch(src, index, out)
+    assert torch.equal(torch.as_tensor(out), poison)  # nothing written

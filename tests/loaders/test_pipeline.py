@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import within
+from conftest import drain_from_threads, within
 
 from directload.loaders.pipeline import Pipeline, PipelineError
 
@@ -90,3 +90,10 @@ def test_auto_lookahead_picks_each_epochs_l_from_the_last_ones_fetch_and_compute
     store.s.update(ahead_s=0.0, reads=0, prefetched_rows=0)  # the counters were reset meanwhile
     auto.end([store], {"batches": 10, "compute_s": 1.0, "sample_s": 0.0})
     assert auto.begin([store]) == 4 and auto.chosen == [4, 3, 4, 4]
+
+
+@pytest.mark.parametrize("overlap, in_thread", [(False, False), (True, False), (False, True), (True, True)])
+def test_one_epoch_shared_by_two_threads_hands_every_batch_to_exactly_one(overlap, in_thread):
+    for _ in range(5):
+        p = _pipeline(overlap=overlap, sample_in_thread=in_thread, batches=range(1, 200))
+        assert sorted(drain_from_threads(p)) == list(range(1, 200))

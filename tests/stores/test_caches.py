@@ -233,7 +233,7 @@ def test_bad_input_is_refused_before_anything_runs(rng):
     store = TensorStore(table)
     with pytest.raises(TypeError, match="FeatureStore"):
         HostCache(table, 100)
-    for bad in (-1, 1.5, True, "1"):
+    for bad in (-1, 1.5, True, "one", ""):
         with pytest.raises(ValueError, match="bytes"):
             HostCache(store, bad)
         with pytest.raises(ValueError, match="bytes"):

@@ -9,7 +9,8 @@ from conftest import bits, random_table
 
 from directload.files import CorruptFileError
 from directload.stores import DiskStore, read_layout, verify, write_disk_store
-from directload.stores.disk_format import DATA_ALIGN, sidecar_path
+from directload.stores.disk_format import DATA_ALIGN
+from directload.stores.generations import sidecar_path
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8, torch.bool, torch.float64])
@@ -23,7 +24,7 @@ def test_the_file_is_a_standard_npy_with_rows_at_4_kib(tmp_path, rng, dtype):
     want = table.view(torch.int16).numpy().view(np.uint16) if dtype == torch.bfloat16 else table.numpy()
     assert loaded.shape == (33, 13) and np.array_equal(np.asarray(loaded), want)
     assert np.array_equal(np.load(path), want)
-    meta = json.loads(sidecar_path(path).read_text())
+    meta = json.loads(sidecar_path(read_layout(path).path).read_text())
     assert meta["dtype"] == str(dtype).removeprefix("torch.") and meta["checksum"] == "crc32c"
 
 
@@ -57,7 +58,7 @@ def test_verify_finds_the_bad_chunk(tmp_path, rng):
     path = write_disk_store(table, tmp_path / "f.npy", progress=False, chunk_bytes=10000)
     report = verify(path, progress=False)
     assert report["chunks"] == 4 and report["bad_chunks"] == [] and report["bytes"] == 40000
-    with open(path, "r+b") as f:
+    with open(read_layout(path).path, "r+b") as f:
         f.seek(DATA_ALIGN + 25000)
         byte = f.read(1)
         f.seek(DATA_ALIGN + 25000)
@@ -68,18 +69,21 @@ def test_verify_finds_the_bad_chunk(tmp_path, rng):
 
 def test_broken_files_raise_corrupt_file_error_at_open(tmp_path):
     path = write_disk_store(torch.zeros(100, 4), tmp_path / "f.npy", progress=False)
-    side = sidecar_path(path)
+    data = read_layout(path).path
+    side = sidecar_path(data)
     meta = json.loads(side.read_text())
 
     meta["shape"] = [99, 4]
     side.write_text(json.dumps(meta))
-    with pytest.raises(CorruptFileError, match="sidecar says shape"):
+    with pytest.raises(CorruptFileError, match="fails its own checksum"):
         DiskStore(path)
     side.write_text("{not json")
     with pytest.raises(CorruptFileError, match="unreadable sidecar"):
         DiskStore(path)
     side.unlink()
-    with open(path, "r+b") as f:
+    with pytest.raises(CorruptFileError, match="sidecar .* is missing"):
+        DiskStore(path)
+    with open(data, "r+b") as f:
         f.truncate(DATA_ALIGN + 100)
     with pytest.raises(CorruptFileError, match="truncated"):
         DiskStore(path)
@@ -106,7 +110,8 @@ def test_writes_never_overwrite_what_directload_did_not_write(tmp_path):
         assert torch.equal(store.read([2]), torch.ones(1, 2))
     with pytest.raises(ValueError, match="onto itself"):
         write_disk_store(ours, ours, overwrite=True, progress=False)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ours.npy", "ours.npy.dlstore.json", "user.npy"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ours.npy", "ours.npy.g2", "ours.npy.g2.dlstore.json",
+                                                           "user.npy"]
 
 
 def test_a_failed_write_leaves_nothing_behind(tmp_path):

@@ -14,11 +14,12 @@ from directload.stores import (
     HostCache,
     access_counts,
     hot_order,
+    read_layout,
     renumber,
     verify,
     write_disk_store,
 )
-from directload.stores.disk_format import id_map_path
+from directload.stores.generations import id_map_path
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8, torch.float64])
@@ -68,19 +69,20 @@ def test_a_damaged_or_missing_id_map_is_refused(tmp_path, rng):
     table = random_table(rng, 100, 4, torch.float32)
     src = write_disk_store(table, tmp_path / "a.npy", progress=False)
     dst = renumber(src, tmp_path / "b.npy", rng.integers(0, 3, 100), progress=False)
-    good = id_map_path(dst).read_bytes()
+    map_path = id_map_path(read_layout(dst).path)
+    good = map_path.read_bytes()
     bad = bytearray(good)
     bad[-8:] = (7).to_bytes(8, "little")  # a row appears twice; the checksum no longer matches
-    id_map_path(dst).write_bytes(bytes(bad))
+    map_path.write_bytes(bytes(bad))
     with pytest.raises(CorruptFileError, match="checksum|permutation"):
         DiskStore(dst)
-    id_map_path(dst).write_bytes(good[:-8])
+    map_path.write_bytes(good[:-8])
     with pytest.raises(CorruptFileError, match="id map"):
         DiskStore(dst)
-    id_map_path(dst).unlink()
+    map_path.unlink()
     with pytest.raises(CorruptFileError, match="id map"):
         DiskStore(dst)
-    id_map_path(dst).write_bytes(good)
+    map_path.write_bytes(good)
     with DiskStore(dst) as store:
         assert torch.equal(store.read([5, 0]), table[[5, 0]])
 
@@ -96,12 +98,13 @@ def test_bad_profiles_and_orders_are_refused(tmp_path, rng):
         write_disk_store(table, tmp_path / "c.npy", order=np.zeros(50, np.int64), progress=False)
     with pytest.raises(ValueError, match="permutation"):
         write_disk_store(table, tmp_path / "c.npy", order=np.arange(49), progress=False)
-    assert not (tmp_path / "c.npy").exists() and not id_map_path(tmp_path / "c.npy").exists()
+    assert not any(p.name.startswith(("c.npy", ".c.npy")) for p in tmp_path.iterdir())
     renumber(src, tmp_path / "b.npy", np.ones(50), progress=False)
     with pytest.raises(FileExistsError):
         renumber(src, tmp_path / "b.npy", np.ones(50), progress=False)
     write_disk_store(table, tmp_path / "b.npy", overwrite=True, progress=False)  # a plain store again
-    assert not id_map_path(tmp_path / "b.npy").exists()
+    assert read_layout(tmp_path / "b.npy").sidecar.get("id_map") is None
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".dlmap.npy")]
 
 
 def test_hot_order_puts_the_most_read_first_then_the_tiebreak_then_the_old_order():

@@ -1,16 +1,13 @@
 """Training with features on disk, and the memory cap an out-of-core run uses."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 from conftest import frameworks
 
 from directload.cli import main
-from directload.memcap import _controller, parse_size
 from directload.stores import verify
+from directload.units import parse_size
 
 
 @pytest.mark.ogb
@@ -151,33 +148,3 @@ def test_sizes_parse_and_nonsense_is_refused():
     for bad in ("", "G", "-1G", "1.5X", "0"):
         with pytest.raises(ValueError):
             parse_size(bad)
-
-
-def test_a_bad_memory_limit_is_refused_before_any_work(tmp_path, capsys):
-    assert main(["train", "--root", str(tmp_path), "--memory-limit", "lots", "--no-progress"]) == 1
-    assert "not a size" in capsys.readouterr().err and not list(tmp_path.iterdir())
-
-
-needs_cgroup = pytest.mark.skipif(os.geteuid() != 0 or _controller()[0] is None,
-                                  reason="needs root and a memory cgroup controller")
-
-
-def _python(code):
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, encoding="utf-8", timeout=120)
-
-
-@needs_cgroup
-def test_the_memory_cap_is_real_and_the_cgroup_goes_at_exit():
-    over = _python("from directload.memcap import limit_memory; limit_memory(64 << 20)\n"
-                   "import numpy as np; a = np.ones(512 << 20, np.uint8); print('survived', a.sum())")
-    assert "survived" not in over.stdout and over.returncode != 0  # the kernel's OOM killer ended it
-    ok = _python("from directload.memcap import limit_memory; print(limit_memory(256 << 20))\n"
-                 "import numpy as np; a = np.ones(32 << 20, np.uint8); print(a.sum())")
-    assert ok.returncode == 0, ok.stderr
-    group, total = ok.stdout.split()
-    assert int(total) == 32 << 20 and "directload-" in group and not os.path.exists(group)
-    # the killed child's cgroup (no atexit ran) was swept by the next run; live runs' groups are kept
-    root = os.path.dirname(group)
-    left = [g for g in os.listdir(root) if g.startswith("directload-")
-            and not os.path.exists(f"/proc/{g.removeprefix('directload-')}")]
-    assert left == []

@@ -3,7 +3,7 @@
 import dgl
 import pytest
 import torch
-from conftest import within
+from conftest import drain_from_threads, within
 
 from directload.capabilities import NoDeviceError
 from directload.loaders import DataLoader
@@ -97,3 +97,11 @@ def test_upcoming_is_filled_at_iter(graph, sampler, in_thread, n_ids, lookahead,
     first = next(it)
     assert torch.equal(first[0], ahead[0])
     it.close()
+
+
+def test_one_epoch_shared_by_two_threads_delivers_every_batch_once(graph, sampler):
+    loader = DataLoader(graph, torch.arange(300), sampler, batch_size=10, shuffle=True)
+    for _ in range(3):
+        got = drain_from_threads(iter(loader))
+        seeds = torch.cat([b[1] for b in got])
+        assert len(got) == len(loader) == 30 and torch.equal(seeds.sort().values, torch.arange(300))

@@ -3,7 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import within
+from conftest import drain_from_threads, within
 from torch_geometric.data import Data, HeteroData
 from torch_geometric.loader import NeighborLoader as PygNeighborLoader
 from torch_geometric.nn import SAGEConv
@@ -166,3 +166,11 @@ def test_it_trains_exactly_like_pygs_loader(data):
         losses[cls] = run
     assert losses[NeighborLoader] == losses[PygNeighborLoader]
     assert losses[NeighborLoader][-1] < losses[NeighborLoader][0]
+
+
+def test_one_epoch_shared_by_two_threads_delivers_every_batch_once(data):
+    loader = NeighborLoader(data, num_neighbors=[3, 2], batch_size=20, shuffle=True)
+    for _ in range(3):
+        got = drain_from_threads(iter(loader))
+        seeds = torch.cat([b.n_id[:b.batch_size] for b in got])
+        assert len(got) == len(loader) and torch.equal(seeds.sort().values, torch.arange(700))

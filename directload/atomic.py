@@ -1,0 +1,88 @@
+"""Files written whole or not at all: write a partial beside the file, sync it, rename it over the file, sync
+the directory.  A killed write leaves only its partial, which the next write of the same file removes.
+
+(A disk store, several files published together, has its own protocol on these pieces:
+:mod:`directload.stores.generations`.)
+"""
+
+import contextlib
+import os
+import re
+import tempfile
+from pathlib import Path
+
+__all__ = [
+    "write_atomically", "fsync_dir", "umask", "remove_partials", "new_partial", "partial_pattern", "PARTIAL_SUFFIX",
+]
+
+PARTIAL_SUFFIX = ".partial"
+
+
+def umask():
+    """This process's umask, read without changing it (``os.umask`` would, for every thread at once)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
+def fsync_dir(directory):
+    """Make the directory's entries (a rename, a new file) durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def partial_pattern(name):
+    """The names of the partials of ``name`` (``.name.<8 random characters>[.role].partial``)."""
+    return re.compile(r"\." + re.escape(name) + r"\.[A-Za-z0-9_]{8}(\.[a-z]+)?" + re.escape(PARTIAL_SUFFIX))
+
+
+def remove_partials(directory, name):
+    """Remove what killed writes of ``name`` left in ``directory`` (their partials, recognised by name)."""
+    pattern = partial_pattern(name)
+    for entry in list(os.scandir(directory)):
+        if pattern.fullmatch(entry.name) and (entry.is_file(follow_symlinks=False) or entry.is_symlink()):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+
+
+def new_partial(directory, name, role=""):
+    """``(fd, path)`` of a new partial of ``name``, open for writing, with the umask's permissions (a
+    temporary file would be private)."""
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=(f".{role}" if role else "") + PARTIAL_SUFFIX)
+    os.fchmod(fd, 0o666 & ~umask())
+    return fd, Path(tmp)
+
+
+def write_atomically(path, write):
+    """Write ``path`` whole or not at all: ``write(f)`` fills a binary file object, then it replaces ``path``.
+
+    Examples
+    --------
+    >>> import tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "a.bin")
+    >>> write_atomically(path, lambda f: f.write(b"whole"))
+    >>> open(path, "rb").read()
+    b'whole'
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_partials(path.parent, path.name)
+    fd, tmp = new_partial(path.parent, path.name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -1,0 +1,52 @@
+"""Sizes in bytes: one parser and one check for every budget (caches, staging, memory caps)."""
+
+import re
+
+import numpy as np
+
+__all__ = ["parse_size", "check_bytes"]
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(?:i?[bB])?\s*")
+
+
+def parse_size(text, *, allow_zero=False):
+    """Bytes in ``"1.5G"``, ``"768M"``, ``"4096"`` (K, M, G, T are powers of 1024; ``B``/``iB`` optional).
+    Pure.
+
+    Raises ``ValueError`` for anything else (an empty string included), and for 0 unless ``allow_zero``.
+
+    Examples
+    --------
+    >>> parse_size("1.5G"), parse_size("768m"), parse_size("4096"), parse_size("2 GiB")
+    (1610612736, 805306368, 4096, 2147483648)
+    >>> parse_size("0", allow_zero=True)
+    0
+    """
+    m = _SIZE.fullmatch(text) if isinstance(text, str) else None
+    if not m:
+        raise ValueError(f"not a size: {text!r} (use bytes, or a number with K, M, G or T)")
+    value = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if value < (0 if allow_zero else 1):
+        raise ValueError(f"a size must be at least {0 if allow_zero else 1} byte, got {text!r}")
+    return value
+
+
+def check_bytes(name, value):
+    """``value`` as an int number of bytes >= 0: an integer, or a size string (:func:`parse_size`);
+    ``ValueError`` naming ``name`` for anything else (booleans, empty strings, floats, negatives).
+
+    Examples
+    --------
+    >>> check_bytes("host_bytes", "1G"), check_bytes("host_bytes", 4096), check_bytes("host_bytes", "0")
+    (1073741824, 4096, 0)
+    """
+    if isinstance(value, str):
+        try:
+            return parse_size(value, allow_zero=True)
+        except ValueError as exc:
+            raise ValueError(f"{name}: {exc}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{name} must be a number of bytes (an integer >= 0, or a size such as '512M'), got "
+                         f"{value!r}")
+    return int(value)

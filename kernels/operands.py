@@ -1,0 +1,50 @@
+"""The one check of a backend launch's operands: a kernel writes ``out`` through raw pointers, so operands of
+the wrong shape, element size or layout are refused here rather than written past their end."""
+
+__all__ = ["check_launch"]
+
+
+def _shape(a):
+    return tuple(a.shape)
+
+
+def _itemsize(a):
+    return a.element_size() if hasattr(a, "element_size") else a.itemsize
+
+
+def _contiguous(a):
+    return a.is_contiguous() if hasattr(a, "is_contiguous") else a.flags.c_contiguous
+
+
+def _is_int_index(a):
+    name = str(a.dtype).removeprefix("torch.")
+    return name in ("int32", "int64")
+
+
+def check_launch(src, index, out):
+    """Raise ``ValueError`` (``TypeError`` for the index's dtype) unless ``out[i] = src[index[i]]`` is a
+    well-formed launch: ``src`` and ``out`` C-contiguous 2-D of one element size, ``out`` of
+    ``[len(index), src.shape[1]]``, ``index`` 1-D int32/int64.  Torch tensors or numpy arrays.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> check_launch(np.zeros((4, 3), np.int32), np.arange(2), np.zeros((2, 3), np.int32))
+    >>> check_launch(np.zeros((4, 3), np.int32), np.arange(2), np.zeros((5, 3), np.int32))
+    Traceback (most recent call last):
+    ...
+    ValueError: out has shape (5, 3); this launch writes (2, 3)
+    """
+    if len(_shape(src)) != 2 or len(_shape(out)) != 2:
+        raise ValueError(f"src and out must be 2-D [rows, row_elems], got {_shape(src)} and {_shape(out)}")
+    if len(_shape(index)) != 1:  # (a strided index is made contiguous by the backend)
+        raise ValueError(f"index must be 1-D, got shape {_shape(index)}")
+    if not _is_int_index(index):
+        raise TypeError(f"index must be int32 or int64, got {index.dtype}")
+    want = (_shape(index)[0], _shape(src)[1])
+    if _shape(out) != want:
+        raise ValueError(f"out has shape {_shape(out)}; this launch writes {want}")
+    if _itemsize(out) != _itemsize(src):
+        raise ValueError(f"out's elements are {_itemsize(out)} bytes but src's are {_itemsize(src)}")
+    if not (_contiguous(src) and _contiguous(out)):
+        raise ValueError("src and out must be C-contiguous")
