@@ -36,6 +36,7 @@ _GUARDIAN_ENV = "DIRECTLOAD_MEMORY_GUARDIAN"
 #: child imports; the child also loads the dataset's graph).
 HEADROOM = 128 << 20
 _GRACE_S = 10.0  # how long a child has to end after a forwarded signal before the cgroup is killed
+_WAIT_SLICE_S = 0.5  # how often the guardian looks at the clock while it waits
 _PREFIX = "directload-"
 
 
@@ -231,23 +232,27 @@ def _guard(group, nbytes, cmd, env):
     wait, and tell an OOM kill."""
     child_env = {**(os.environ if env is None else env), CGROUP_ENV: str(group), _GUARDIAN_ENV: str(os.getpid())}
     shim = 'echo $$ > "$0/cgroup.procs" && exec "$@"'
-    received = []
+    received = []  # (signal, when)
 
     def forward(signum, frame):
-        received.append(signum)
+        received.append((signum, time.monotonic()))
         with contextlib.suppress(ProcessLookupError):
             child.send_signal(signum)
 
+    # A signal this process was started ignoring (a background job's SIGINT, nohup's SIGHUP) stays ignored,
+    # by the guardian and, inherited, by the command, as a shell would have it.
+    forwarded = [s for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) if signal.getsignal(s) is not signal.SIG_IGN]
     # its own process group: a terminal's Ctrl-C reaches the guardian, which passes it on once
     child = subprocess.Popen(["/bin/sh", "-c", shim, str(group), *cmd], env=child_env, start_new_session=True)
-    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    old = {s: signal.signal(s, forward) for s in forwarded}
     try:
         while True:
-            try:
-                code = child.wait(timeout=_GRACE_S if received else None)
+            try:  # in slices: a wait that began before a signal still ends the grace period on time
+                code = child.wait(timeout=_WAIT_SLICE_S)
                 break
-            except subprocess.TimeoutExpired:  # it did not end after the signal: end everything in the cgroup
-                _kill_all(group)
+            except subprocess.TimeoutExpired:
+                if received and time.monotonic() - received[0][1] > _GRACE_S:
+                    _kill_all(group)  # it did not end after the signal: end everything in the cgroup
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
@@ -256,7 +261,7 @@ def _guard(group, nbytes, cmd, env):
         raise MemoryCapExceeded(f"the kernel's OOM killer ended the run at the memory limit of {_human(nbytes)}: "
                                 "it needs more; raise --memory-limit")
     if received:
-        return 128 + received[0]
+        return 128 + received[0][0]
     return 128 - code if code < 0 else code
 
 

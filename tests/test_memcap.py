@@ -43,11 +43,25 @@ def test_a_cap_too_small_to_start_is_refused_before_anything_moves(tmp_path, cap
         check_limit(_anonymous_rss())
 
 
-def guarded(limit, child):
-    """A guardian process running ``child`` (Python code) capped at ``limit``."""
+def _default_signals():
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+
+
+def _ignore_sigint():
+    _default_signals()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def guarded(limit, child, grace_s=None, preexec=_default_signals):
+    """A guardian process running ``child`` (Python code) capped at ``limit``; it starts with the signal
+    dispositions ``preexec`` sets (default ones: a test run in the background would have SIGINT ignored)."""
     code = textwrap.dedent(f"""
         import sys
+        import directload.memcap as memcap
         from directload.memcap import MemoryCapExceeded, run_capped
+        if {grace_s!r} is not None:
+            memcap._GRACE_S = {grace_s!r}
         try:
             sys.exit(run_capped({limit}, [sys.executable, "-c", {child!r}]))
         except MemoryCapExceeded as exc:
@@ -55,7 +69,7 @@ def guarded(limit, child):
             sys.exit(99)
     """)
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            encoding="utf-8")
+                            encoding="utf-8", preexec_fn=preexec)
 
 
 def limit_for_tests():
@@ -84,6 +98,34 @@ def test_a_signal_to_the_guardian_ends_the_run_and_removes_its_cgroup(sig):
     t0 = time.monotonic()
     proc.send_signal(sig)
     assert proc.wait(timeout=30) == 128 + sig and time.monotonic() - t0 < 15
+    assert ours() == before
+
+
+@needs_cgroup
+def test_a_command_that_ignores_the_signal_is_killed_after_the_grace_period():
+    before = ours()
+    child = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('started', flush=True); "
+             "time.sleep(120)")
+    proc = guarded(limit_for_tests(), child, grace_s=1.0)
+    assert proc.stdout.readline().strip() == "started", proc.stderr.read()
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    assert 1.0 <= time.monotonic() - t0 < 10
+    assert ours() == before
+
+
+@needs_cgroup
+def test_a_signal_the_guardian_was_started_ignoring_stays_ignored():
+    before = ours()
+    proc = guarded(limit_for_tests(), "import time; print('started', flush=True); time.sleep(120)",
+                   preexec=_ignore_sigint)
+    assert proc.stdout.readline().strip() == "started", proc.stderr.read()
+    proc.send_signal(signal.SIGINT)  # as a background job's Ctrl-C: neither the guardian nor its command ends
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
     assert ours() == before
 
 
