@@ -14,17 +14,22 @@ exist; a thread pool that the parent started is a pool of threads the child does
   GNU OpenMP") at their first parallel region;
 * and sets torch's intra-op threads to one, as torch's DataLoader does in its forked workers: torch's own
   ops above their grain size otherwise hang at the child's first one.  A child that knows better may call
-  ``torch.set_num_threads`` again.
+  ``torch.set_num_threads`` again;
+* and gives the child tqdm locks of its own (:func:`fresh_progress_locks`): tqdm shares one
+  ``multiprocessing`` lock (a semaphore) with every forked child, so a child killed while it drew a bar
+  (SIGKILL, the OOM killer) left it held, and the parent's next progress bar, and every other child's,
+  waited for ever.  The child's bars are no longer kept apart from the parent's on the terminal.
 """
 
 import os
+import sys
 import threading
 import time
 
 import torch
 from numba.core.compiler_lock import global_compiler_lock
 
-__all__ = ["forked", "IMPORT_WAIT_S", "TORCH_ON_OPENMP"]
+__all__ = ["forked", "fresh_progress_locks", "IMPORT_WAIT_S", "TORCH_ON_OPENMP"]
 
 #: The longest fork() waits for another thread's import to end (then it forks anyway).
 IMPORT_WAIT_S = 10.0
@@ -77,12 +82,31 @@ def _release():
     global_compiler_lock.release()
 
 
+def fresh_progress_locks():
+    """Forget tqdm's write locks (its ``multiprocessing`` lock, shared with the parent and its other children,
+    its thread lock, and each bar class's lock), so that this process's next bar makes locks of its own."""
+    std = sys.modules.get("tqdm.std")
+    if std is None:
+        return
+    lock_class = std.TqdmDefaultWriteLock
+    if "mp_lock" in vars(lock_class):
+        del lock_class.mp_lock
+    lock_class.th_lock = std.TRLock()
+    classes = [std.tqdm]
+    while classes:
+        cls = classes.pop()
+        if "_lock" in vars(cls):
+            delattr(cls, "_lock")
+        classes.extend(cls.__subclasses__())
+
+
 def _after_in_child():
     global _forked
     _forked = True
     _release()
     if TORCH_ON_OPENMP:
         torch.set_num_threads(1)
+    fresh_progress_locks()
 
 
 os.register_at_fork(before=_before, after_in_parent=_release, after_in_child=_after_in_child)

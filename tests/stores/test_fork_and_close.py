@@ -254,3 +254,27 @@ def test_close_racing_reads_gives_them_closed_error_or_their_rows(closable):
         assert errors == [] and right
         with pytest.raises(ClosedError):
             store.read([1])
+
+
+KILLED_IN_A_BAR = """
+import os, signal
+import directload  # its fork handlers
+from tqdm.auto import tqdm
+
+for _ in tqdm(range(3), disable=False):  # the parent has drawn bars: tqdm's locks exist
+    pass
+pid = os.fork()
+if pid == 0:  # a child killed while it draws a bar, inside tqdm's lock
+    tqdm.get_lock().acquire()
+    os.kill(os.getpid(), signal.SIGKILL)
+os.waitpid(pid, 0)
+for _ in tqdm(range(3)):  # waited for ever on the lock the dead child held
+    pass
+print("ok")
+"""
+
+
+def test_a_child_killed_inside_a_progress_bar_leaves_the_parents_bars_working():
+    run = subprocess.run([sys.executable, "-c", KILLED_IN_A_BAR], capture_output=True, encoding="utf-8",
+                         timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
