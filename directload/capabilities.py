@@ -1,9 +1,11 @@
 """What this machine can do (CUDA, CuPy, NVRTC, Numba CUDA simulator, io_uring), decided once."""
 
+import contextlib
 import ctypes
 import functools
 import glob
 import os
+import sys
 from dataclasses import asdict, dataclass
 
 __all__ = ["Capabilities", "capabilities", "usable_device", "NoDeviceError", "require", "io_uring_usable",
@@ -276,12 +278,33 @@ def require(module):
     import importlib
 
     try:
-        return importlib.import_module(module)
+        with _import_environment(module):
+            return importlib.import_module(module)
     except ImportError as exc:
         extra = _EXTRAS.get(module.split(".")[0], module)
         raise ImportError(f"this needs {module}, which is not installed (or does not load with torch "
                           f"{_torch_version()}): pip install 'directload[{extra}]' (see the README's install "
                           f"matrix)") from exc
+
+
+# What a package reads from the environment when it is first imported, where its default is not what
+# directload runs: DGL without DGLBACKEND prints a warning and writes ~/.dgl/config.json.
+_IMPORT_ENV = {"dgl": {"DGLBACKEND": "pytorch"}}
+
+
+@contextlib.contextmanager
+def _import_environment(module):
+    """Set the variables of :data:`_IMPORT_ENV` that the user left unset while ``module`` is first imported,
+    then remove them: the process's environment is as it was."""
+    top = module.split(".")[0]
+    missing = {} if top in sys.modules else {k: v for k, v in _IMPORT_ENV.get(top, {}).items()
+                                             if k not in os.environ}
+    os.environ.update(missing)
+    try:
+        yield
+    finally:
+        for key in missing:
+            os.environ.pop(key, None)
 
 
 def _torch_version():

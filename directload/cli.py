@@ -9,6 +9,10 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
+from directload.stores.cache import POLICY_NAMES
+from directload.train import SIDES
+from directload.train_inputs import FEATURE_MODES
+
 __all__ = ["main", "build_parser", "add_train_arguments", "run_training", "report_name", "HelpFormatter"]
 
 DESCRIPTION = ("directload: zero-copy GPU feature loading for mini-batch GNN training, with drop-ins for DGL's "
@@ -193,7 +197,7 @@ def _memory_limit(text):
 
 def add_train_arguments(p):
     """Options shared by ``directload train`` and benchmarks/loader_e2e.py."""
-    p.add_argument("--framework", choices=["dgl", "pyg"], default=_default_framework(),
+    p.add_argument("--framework", choices=list(SIDES), default=_default_framework(),
                    help="DGL (blocks, DGL's DataLoader) or PyG (NeighborLoader, PyG's convolutions); the default "
                         "is whichever is installed, DGL first")
     p.add_argument("--dataset", default="synth-small",
@@ -215,7 +219,7 @@ def add_train_arguments(p):
     p.add_argument("--out", default=None,
                    help="directory for the JSON and PNG (default: benchmarks/results in a source checkout, "
                         "else directload-results)")
-    p.add_argument("--features", choices=["memory", "disk", "tiered"], default="memory",
+    p.add_argument("--features", choices=FEATURE_MODES, default="memory",
                    help="memory: the memory-mapped feature table; disk: directload's loader reads the dataset's "
                         "disk store (io_uring, O_DIRECT; written on first use) while the framework's loader reads "
                         "the memory-mapped .npy; tiered: directload reads through a GPU cache and a host cache "
@@ -231,7 +235,7 @@ def add_train_arguments(p):
     p.add_argument("--lookahead", type=_lookahead, default=4,
                    help="batches directload's loader samples (and announces to the stores) ahead, or auto: "
                         "each epoch's from the last one's stage times")
-    p.add_argument("--policy", default="lookahead", choices=["lookahead", "lru", "clock", "sieve", "s3fifo"],
+    p.add_argument("--policy", default="lookahead", choices=POLICY_NAMES,
                    help="the caches' policy with --features tiered")
     p.add_argument("--packed", action="store_true",
                    help="with --features disk or tiered: read the dataset's packed disk store (hot rows first, "
@@ -413,7 +417,7 @@ def build_parser():
                                 "reads it)")
     p.add_argument("--root", default="data", help="directory that holds the dataset")
     p.add_argument("--name", default="synth-small", help="the dataset (its disk store is written first if missing)")
-    p.add_argument("--framework", choices=["dgl", "pyg"], default=_default_framework(),
+    p.add_argument("--framework", choices=list(SIDES), default=_default_framework(),
                    help="whose sampler pre-samples the epochs (default: whichever is installed, DGL first)")
     p.add_argument("--fanouts", type=int, nargs="+", default=None,
                    help="neighbours sampled per layer, as train's --fanouts (default 15 10 5)")

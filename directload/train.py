@@ -14,11 +14,38 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-__all__ = ["TrainConfig", "EpochStats", "RunResult", "train", "evaluate", "TimedTable", "resolve_depth",
-           "disk_store", "feature_store", "memmap_features", "FEATURE_MODES", "DEFAULT_FANOUTS", "FRAMEWORKS"]
+from .train_inputs import (
+    DISK_FILE,
+    FEATURE_MODES,
+    PACKED_FILE,
+    TimedTable,
+    disk_store,
+    feature_store,
+    memmap_features,
+)
 
-#: Frameworks a run may use, and the name of each one's own loader in reports.
-FRAMEWORKS = ("dgl", "pyg")
+__all__ = ["TrainConfig", "EpochStats", "RunResult", "train", "evaluate", "TimedTable", "resolve_depth",
+           "disk_store", "feature_store", "memmap_features", "FEATURE_MODES", "DEFAULT_FANOUTS",
+           "DISK_FILE", "PACKED_FILE", "SIDES", "register_framework", "framework_side"]
+
+
+#: Each framework's side of a run, by name: a module with ``build_model``, ``make_loader``, ``input_nodes``,
+#: ``epoch``, ``forward`` and ``seed``.  A side imports :mod:`directload.train_inputs`, never this module, and
+#: is imported only when a run asks for its framework.
+SIDES = {"dgl": "directload.train_dgl", "pyg": "directload.train_pyg"}
+
+
+def register_framework(name, module):
+    """Add (or replace) the side of framework ``name``: a module path as in :data:`SIDES`."""
+    SIDES[name] = module
+
+
+def framework_side(name):
+    """The imported side of framework ``name``; ``ValueError`` for a name :data:`SIDES` does not hold."""
+    if name not in SIDES:
+        raise ValueError(f"no framework {name!r}: one of {', '.join(SIDES)}")
+    return importlib.import_module(SIDES[name])
+
 
 #: Neighbours sampled per layer, outermost first (DGL's ogbn-products examples).
 DEFAULT_FANOUTS = (15, 10, 5)
@@ -95,8 +122,8 @@ class TrainConfig:
     def __post_init__(self):
         if self.model not in ("sage", "gat"):
             raise ValueError(f"model must be 'sage' or 'gat', got {self.model!r}")
-        if self.framework not in FRAMEWORKS:
-            raise ValueError(f"framework must be one of {FRAMEWORKS}, got {self.framework!r}")
+        if self.framework not in SIDES:
+            raise ValueError(f"framework must be one of {tuple(SIDES)}, got {self.framework!r}")
         if self.loader not in (self.framework, "directload"):
             raise ValueError(f"loader must be {self.framework!r} (the framework's own) or 'directload', "
                              f"got {self.loader!r}")
@@ -169,29 +196,8 @@ class RunResult:
     warm: dict = None  # packed tiered runs: the caches' fill started before the first epoch (rows per tier)
 
 
-class TimedTable(torch.Tensor):
-    """A plain feature table that times the row gathers a framework's own loader makes on it.
-
-    DGL's prefetcher and PyG's ``filter_data`` slice the table with
-    ``index_select``; wrapping it measures that feature-gather time exactly,
-    inside the framework's own loader.
-    """
-
-    seconds = 0.0
-    _TIMED = {torch.Tensor.index_select, torch.index_select, torch.Tensor.__getitem__}
-
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        t0 = time.perf_counter()
-        with torch._C.DisableTorchFunctionSubclass():
-            out = func(*args, **(kwargs or {}))
-        if func in cls._TIMED:
-            TimedTable.seconds += time.perf_counter() - t0
-        return out
-
-
 def _framework(cfg):
-    return importlib.import_module(f"directload.train_{cfg.framework}")
+    return framework_side(cfg.framework)
 
 
 def _seed(fw, seed):
@@ -200,36 +206,10 @@ def _seed(fw, seed):
     fw.seed(seed)
 
 
-DISK_FILE = "disk/node-feat.npy"
-#: The disk store with its rows renumbered by hotness (``directload dataset pack``), hot rows first.
-PACKED_FILE = "disk/node-feat.packed.npy"
 _IO_KEYS = ("reads", "bytes_read", "read_amplification", "iops", "gb_per_s", "cpu_us_per_read", "io_seconds")
 _TIER_KEYS = ("hit_rate", "slot_rate", "hit_rows", "staged_rows", "miss_rows", "prefetched_rows", "forwarded_bytes",
               "fallback_bytes", "passthrough", "read_s", "wait_s", "fallback_s", "policy_s", "pcie_bytes",
               "warmed_rows")
-#: Where directload's loader reads features: the dataset's table, its disk store, or tiers over the disk.
-FEATURE_MODES = ("memory", "disk", "tiered")
-
-
-def feature_store(dataset, cfg):
-    """The store directload's loader reads features from for ``cfg``, or None (the table in memory):
-    the disk store (``features="disk"``), or a :class:`~directload.stores.TieredStore` over it
-    (``features="tiered"``, with ``cfg``'s cache budgets and policy), opened once per run."""
-    if cfg.features == "memory" or cfg.loader != "directload":
-        return None
-    disk = disk_store(dataset, packed=cfg.packed)
-    if cfg.features == "disk":
-        return disk
-    store = getattr(dataset, "_tiered_store", None)
-    if store is None or store.closed:
-        from directload.stores import TieredStore
-
-        device = torch.device(cfg.device)
-        store = TieredStore(disk, gpu_bytes=cfg.gpu_cache, host_bytes=cfg.host_cache, staging_bytes=cfg.staging,
-                            policy=cfg.policy, device=device if device.type == "cuda" else None)
-        dataset._tiered_store = store
-    return store
-
 
 def _tier_stats(store):
     """Per tier, the epoch's counters that the report keeps."""
@@ -238,24 +218,6 @@ def _tier_stats(store):
         keys = _IO_KEYS if name == "disk" else _TIER_KEYS
         out[name] = {k: s[k] for k in keys if k in s}
     return out
-
-
-def disk_store(dataset, packed=False):
-    """The dataset's features as a :class:`~directload.stores.DiskStore` (``<dataset>/disk/node-feat.npy``,
-    or with ``packed`` its copy renumbered by hotness), opened once per dataset object.
-    ``directload dataset convert --to disk`` writes the first, ``directload dataset pack`` the second."""
-    attr = "_packed_store" if packed else "_disk_store"
-    store = getattr(dataset, attr, None)
-    if store is None or store.closed:
-        from directload.stores import DiskStore
-
-        path = dataset.path / (PACKED_FILE if packed else DISK_FILE)
-        if not path.exists():
-            how = "dataset pack" if packed else "dataset convert --to disk"
-            raise FileNotFoundError(f"{path} does not exist: write it with `directload {how} --name {dataset.name}`")
-        store = DiskStore(path)
-        setattr(dataset, attr, store)
-    return store
 
 
 def profile_counts(dataset, cfg, epochs, *, progress=True):
@@ -287,29 +249,6 @@ def pack(dataset, cfg, epochs=3, *, progress=True):
             store.close()
     path = renumber(src, dataset.path / PACKED_FILE, counts, tiebreak=degree, overwrite=True, progress=progress)
     return path, counts
-
-
-def memmap_features(dataset):
-    """The dataset's ``raw/node-feat.npy`` as ``np.load(mmap_mode="r")`` gives it, as a tensor: what a
-    framework's loader reads out of core without directload (no copy; pages come and go with the page cache).
-
-    The mapping is advised ``MADV_RANDOM``: the kernel's read-around on a page fault reads up to the disk's
-    ``read_ahead_kb`` (8 MiB on the machines this was measured on) around each random row, which in a
-    capped page cache evicts rows before they are used (measured: 100 GB read in 5 minutes without
-    finishing one batch).  Random advice makes the baseline a careful user's, not a strawman.
-    """
-    import mmap
-    import warnings
-
-    from directload.datasets import FEATURE_FILE
-
-    array = np.load(dataset.path / "raw" / FEATURE_FILE, mmap_mode="r")
-    raw = getattr(array, "_mmap", None)
-    if raw is not None and hasattr(mmap, "MADV_RANDOM"):
-        raw.madvise(mmap.MADV_RANDOM)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return torch.from_numpy(array)
 
 
 def _eval_ids(ids, n):

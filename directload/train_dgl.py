@@ -1,16 +1,17 @@
 """DGL's side of :mod:`directload.train`: GraphSAGE and GAT over blocks, DGL's loader or directload's."""
 
-import os
 import warnings
 
-os.environ.setdefault("DGLBACKEND", "pytorch")
+import torch.nn.functional as F
+from torch import nn
 
-import dgl  # noqa: E402
+from directload.capabilities import require
+
+from .train_inputs import TimedTable, feature_store, memmap_features
+
+dgl = require("dgl")  # with DGL's PyTorch backend, the environment left as it was
+
 import dgl.nn as dglnn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
-
-from .train import TimedTable, feature_store, memmap_features  # noqa: E402
 
 __all__ = ["SAGE", "GAT", "build_model", "make_loader", "input_nodes", "epoch", "forward", "seed"]
 

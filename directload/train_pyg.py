@@ -8,7 +8,7 @@ from torch_geometric.loader import NeighborLoader as PygNeighborLoader
 from torch_geometric.nn import GATConv, SAGEConv
 from torch_geometric.utils import trim_to_layer
 
-from .train import TimedTable, feature_store, memmap_features
+from .train_inputs import TimedTable, feature_store, memmap_features
 
 __all__ = ["SAGE", "GAT", "build_model", "make_loader", "input_nodes", "epoch", "forward", "seed", "num_neighbors",
            "hop_counts"]

@@ -9,6 +9,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from directload.capabilities import capabilities
 from directload.kernels import gather
 from directload.kernels.interop import CudaArrayView
+from directload.kernels.operands import out_of_range
 
 from . import memory
 from .placement import (
@@ -282,7 +283,7 @@ def _gather(table, index, negative_from_end=False):
         lo = int(index.min())
         if lo < 0:
             if lo < -n_rows:
-                raise IndexError(f"index {lo} is out of range for {n_rows} rows")
+                raise out_of_range(lo, n_rows, negatives=True)
             index = torch.where(index < 0, index + n_rows, index)
     device = index_device(table, index, has_cuda=_has_cuda())
     if device.type == "cuda" and not index.is_cuda:
@@ -352,9 +353,9 @@ def _check_write_index(index, n_rows):
         lo, hi = int(part.min()), int(part.max())
         if lo < -n_rows or hi >= n_rows:
             bad = hi if hi >= n_rows else lo
-            raise IndexError(f"index {bad} is out of range for {n_rows} rows")
+            raise out_of_range(bad, n_rows, negatives=True)
     elif isinstance(part, int) and not -n_rows <= part < n_rows:
-        raise IndexError(f"index {part} is out of range for {n_rows} rows")
+        raise out_of_range(part, n_rows, negatives=True)
 
 
 def _check_affinity(affinity):

@@ -22,6 +22,7 @@ from .cpu import first_invalid
 from .devices import memory_of, read_devices
 from .host_bytes import nbytes_of
 from .host_pool import default_pool
+from .operands import out_of_range
 
 __all__ = ["gather", "gather_async", "GatherFuture", "resolve_backend", "check_devices", "check_no_overlap",
            "launcher", "BACKENDS"]
@@ -121,21 +122,12 @@ def _check_index(index, n_rows, *, cpu_bounds=True):
         if index.numel():
             lo, hi = (int(v) for v in torch.aminmax(index))  # one sync
             if lo < 0 or hi >= n_rows:
-                raise _range_error(lo if lo < 0 else hi, n_rows)
+                raise out_of_range(lo if lo < 0 else hi, n_rows)
     elif cpu_bounds:
         bad = first_invalid(index.numpy(), n_rows)
         if bad >= 0:
-            raise _range_error(int(index[bad]), n_rows, bad)
+            raise out_of_range(int(index[bad]), n_rows, position=bad)
     return index
-
-
-def _range_error(value, n_rows, position=None):
-    where = "" if position is None else f" (at position {position})"
-    if n_rows == 0:
-        return IndexError(f"index {value} is out of range: the table has no rows{where}")
-    if value < 0:
-        return IndexError(f"index {value} is negative; valid rows are 0..{n_rows - 1}{where}")
-    return IndexError(f"index {value} is out of range for {n_rows} rows (valid 0..{n_rows - 1}){where}")
 
 
 def _check_src(src):
@@ -350,7 +342,7 @@ def _cpu_kernel(src_hit, index, out, out_hit, aligned):
         bad = _index_select(src_bits, index, out_hit[0])
         cpu.note_fallback(time.perf_counter() - t0, aligned, carrier, index_size)
     if bad >= 0:
-        raise _range_error(int(index[bad]), src_bits.shape[0], bad)
+        raise out_of_range(int(index[bad]), src_bits.shape[0], position=bad)
     return out
 
 

@@ -1,7 +1,27 @@
 """The one check of a backend launch's operands: a kernel writes ``out`` through raw pointers, so operands of
 the wrong shape, element size or layout are refused here rather than written past their end."""
 
-__all__ = ["check_launch"]
+__all__ = ["check_launch", "out_of_range"]
+
+
+def out_of_range(value, n, *, what="index", unit="rows", position=None, negatives=False):
+    """The one ``IndexError`` for an id outside its table: ``value`` of ``n`` ``unit`` (``n`` None: beyond
+    int64), at ``position`` in its batch if given; ``negatives`` where ids may count from the end.
+
+    Examples
+    --------
+    >>> str(out_of_range(7, 6))
+    'index 7 is out of range for 6 rows (valid 0..5)'
+    >>> str(out_of_range(-1, 10, what="row id", position=3))
+    'row id -1 is out of range for 10 rows (valid 0..9) (at position 3)'
+    >>> str(out_of_range(0, 0))
+    'index 0 is out of range for 0 rows (there are none)'
+    """
+    where = "" if position is None else f" (at position {position})"
+    if n is None:
+        return IndexError(f"{what} {value} is out of range (ids are int64){where}")
+    valid = "there are none" if n <= 0 else f"valid {-n if negatives else 0}..{n - 1}"
+    return IndexError(f"{what} {value} is out of range for {n} {unit} ({valid}){where}")
 
 
 def _shape(a):

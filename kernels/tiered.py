@@ -26,6 +26,7 @@ from . import cpu
 from .api import _CARRIER, _new_cpu_out, _overlap, _span
 from .devices import MAPPED, memory_of
 from .indexing import tier_row
+from .operands import out_of_range
 
 __all__ = ["gather_tiered", "check_where", "flat_where", "fill_slots"]
 
@@ -56,7 +57,7 @@ def check_where(where, n_slots, flat_elems, row_elems):
     if slots.numel():
         hi = int(slots.max())
         if hi >= n_slots:
-            raise IndexError(f"cache slot {hi} is out of range: the cache has {n_slots} slots")
+            raise out_of_range(hi, n_slots, what="cache slot", unit="slots")
     offs = -w[w < 0] - 1
     if offs.numel():
         hi = int(offs.max())
@@ -139,8 +140,8 @@ def fill_slots(table, slots, flat, offsets):
     if np.unique(slots).shape[0] != slots.shape[0]:
         raise ValueError("slots must be distinct: two rows cannot go into one slot")
     if slots.min() < 0 or slots.max() >= table.shape[0]:
-        raise IndexError(f"slot {slots.max() if slots.max() >= table.shape[0] else slots.min()} is out of range "
-                         f"for a table of {table.shape[0]} slots")
+        raise out_of_range(int(slots.max() if slots.max() >= table.shape[0] else slots.min()), table.shape[0],
+                           what="slot", unit="slots")
     check_where(flat_where(offsets), 0, flat.numel(), row_elems)
     if table.is_cuda:
         empty = torch.empty((0, *table.shape[1:]), dtype=table.dtype, device=table.device)

@@ -3,7 +3,7 @@
 * :class:`TensorStore`: a tensor in memory (plain, pinned, unified or on a GPU).
 * :class:`DiskStore`: a ``.npy`` file on an SSD, read with io_uring and O_DIRECT.
 * :class:`HostCache`, :class:`DeviceCache`: caches in front of a slower store, with read-ahead.
-* :class:`TieredStore` (:func:`tiered`): device cache -> host cache -> disk from one call.
+* :class:`TieredStore`: device cache -> host cache -> disk from one call.
 
 :func:`write_disk_store` writes a table (array, tensor, ``.npy`` file or
 dataset) as a disk store with checksums, and :func:`verify` checks them.
@@ -16,9 +16,9 @@ from .disk_format import read_layout, verify
 from .disk_write import write_disk_store
 from .packing import access_counts, hot_order, renumber
 from .tensor import TensorStore
-from .tiered import TieredStore, tiered
+from .tiered import TieredStore
 
 __all__ = ["FeatureStore", "ReadFuture", "TensorStore", "DiskStore", "DirectIOWarning", "ClosedError",
            "write_disk_store", "verify", "read_layout", "read_devices", "check_table", "io_path",
-           "HostCache", "DeviceCache", "TieredStore", "tiered", "make_policy",
+           "HostCache", "DeviceCache", "TieredStore", "make_policy",
            "access_counts", "hot_order", "renumber"]

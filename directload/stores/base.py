@@ -18,6 +18,7 @@ import torch
 
 from directload.capabilities import usable_device
 from directload.kernels.devices import HOST, read_devices
+from directload.kernels.operands import out_of_range
 from directload.unified import ClosedError
 
 __all__ = ["FeatureStore", "ReadFuture", "read_devices", "check_table", "ClosedError"]
@@ -113,14 +114,14 @@ def _as_index(ids):
         if ids.ndim == 0:
             raise ValueError(_zero_d(ids))
         if ids.dtype == np.uint64 and ids.size and int(ids.max()) > np.iinfo(np.int64).max:
-            raise IndexError(f"row id {int(ids.max())} is out of range")
+            raise out_of_range(int(ids.max()), None, what="row id")
         t = torch.from_numpy(np.ascontiguousarray(ids).astype(np.int64, copy=False))
     elif isinstance(ids, (list, tuple, range)):
         if any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) for i in ids):
             raise TypeError("ids must be integers")
         big = next((int(i) for i in ids if not -2 ** 63 <= int(i) < 2 ** 63), None)
         if big is not None:
-            raise IndexError(f"row id {big} is out of range")
+            raise out_of_range(big, None, what="row id")
         t = torch.tensor(list(ids), dtype=torch.int64) if len(ids) else torch.empty(0, dtype=torch.int64)
     else:
         raise TypeError(f"ids must be a tensor, a numpy array or a list of integers, not {type(ids).__name__}")
@@ -232,10 +233,6 @@ class FeatureStore:
         """The rows at ``ids``: exactly ``read_async(ids, out=out, device=device).wait()``."""
         return self.read_async(ids, out=out, device=device).wait()
 
-    def gather(self, ids, device=None):
-        """The loaders' protocol: ``read(ids, device=device)``."""
-        return self.read(ids, device=device)
-
     def _stage(self, rows, take):
         """The rows at ``rows`` (distinct, in range, int64 numpy) as a flat tier for a cache's fused gather:
         ``(flat, offsets)``, a 1-D tensor of this store's dtype in host memory and each row's element
@@ -329,8 +326,7 @@ class FeatureStore:
         lo, hi = (int(v) for v in torch.aminmax(index))  # one pass (and one sync on a GPU)
         if lo < 0 or hi >= self.num_rows:
             bad = lo if lo < 0 else hi
-            raise IndexError(f"row id {bad} is out of range for a store of {self.num_rows} rows "
-                             f"(valid 0..{self.num_rows - 1})")
+            raise out_of_range(bad, self.num_rows, what="row id")
 
     def _check_out(self, out, n, device):
         want = (n, *self.row_shape)

@@ -18,6 +18,7 @@ No deadlock at any size: a batch larger than the free slots is staged in part an
 demand; a cache of no slots passes every read through, and its stats say so.
 """
 
+import copy
 import os
 import threading
 import time
@@ -168,7 +169,6 @@ class Cache(FeatureStore):
         self._batch = 0  # reads matched to announced batches so far (the policy's clock)
         self._demand = 0  # demand reads waiting: the prefetch thread yields to them
         self._error = None
-        self._error_source = "read-ahead thread"
         self._warmer = None
         self._warming = False  # one warm at a time
         self._takes = []  # demand buffers not in use: each read with misses takes one while it reads
@@ -331,8 +331,7 @@ class Cache(FeatureStore):
             self._warm_rows(rows, False)
         except BaseException as exc:  # the consumer hears of it at its next read
             with self._lock:
-                self._error, self._error_source = exc, "warm thread"
-                self._lock.notify_all()
+                self._fail(exc, "warm thread")
         finally:
             self._warming = False
 
@@ -635,8 +634,7 @@ class Cache(FeatureStore):
                     self._lock.notify_all()
         except BaseException as exc:  # the consumer hears of it at its next read
             with self._lock:
-                self._error, self._error_source = exc, "read-ahead thread"
-                self._lock.notify_all()
+                self._fail(exc, "read-ahead thread")
 
     def _fill(self, rows, slots, take):
         """Read the fallback's ``rows`` into ``slots`` (claimed, marked in flight) through the buffer ``take``
@@ -668,9 +666,15 @@ class Cache(FeatureStore):
             return j, want[:n], np.asarray(self._claim(n), np.int64)
         return None
 
+    def _fail(self, exc, source):
+        """Record a background thread's failure (under the lock): every later read raises it."""
+        exc.add_note(f"(raised on the {self.tier} cache's {source}; the cache stays failed: close it)")
+        self._error = exc
+        self._lock.notify_all()
+
     def _raise_failure(self):
         if self._error is not None:
-            raise RuntimeError(f"the {self.tier} cache's {self._error_source} failed: {self._error!r}") from self._error
+            raise _rethrown(self._error) from self._error
 
     # ------------------------------------------------------------ counters
     def stats(self):
@@ -768,3 +772,15 @@ class DeviceCache(Cache):
     def _allocate(self, slots):
         return torch.empty((slots, *self._slot_shape), dtype=self._slot_dtype, device=self._device)
 
+
+def _rethrown(exc):
+    """A fresh exception of ``exc``'s own type, arguments and notes (an ``OSError`` stays an ``OSError``), for
+    a reader to raise from ``exc``, whose traceback is the thread's; a ``RuntimeError`` naming it where its
+    type cannot be built again from its arguments."""
+    try:
+        clone = copy.copy(exc)
+    except Exception:  # noqa: BLE001 - an exception type whose constructor takes other arguments
+        notes = " ".join(getattr(exc, "__notes__", ()))
+        return RuntimeError(f"{exc!r} {notes}".strip())
+    clone.__traceback__ = clone.__cause__ = clone.__context__ = None
+    return clone

@@ -12,8 +12,8 @@ released; Python sees one call per batch.
   / ``EINTR`` retried, other errors retried ``retries`` times.
 * :class:`PreadEngine` is the fallback where io_uring is missing or
   forbidden: the same reads through ``pread`` on a few threads.
-* :func:`copy_rows` copies each requested row from the staging buffer into the
-  output.
+* :func:`copy_rows_range` copies each requested row of a staging round from the
+  staging buffer into the output.
 
 A read's result is the bytes it got, or ``-errno``; ``-ENODATA`` means the
 file ended early (it shrank after it was opened).
@@ -32,7 +32,7 @@ from numba.extending import intrinsic
 
 from directload.capabilities import RING_BYTES, io_uring_usable, liburing_functions
 
-__all__ = ["plan_reads", "copy_rows", "copy_rows_range", "UringEngine", "PreadEngine", "uring_available", "FAULTS"]
+__all__ = ["plan_reads", "copy_rows_range", "UringEngine", "PreadEngine", "uring_available", "FAULTS"]
 
 #: Fault injection for tests: ``[errno to inject, completions to fail, completions to cut short]``.  The
 #: engines read it at each call (a hook in the reader, as the reliability tests need); all zero in use.
@@ -97,17 +97,9 @@ def plan_reads(rows, row_nbytes, data_offset, file_bytes, block, merge_gap, max_
 
 
 @njit(cache=True, nogil=True)
-def copy_rows(staging, row_pos, inverse, out, row_nbytes):
-    """``out[i] = staging[row_pos[inverse[i]] : +row_nbytes]`` for each requested row (bytes)."""
-    for i in range(inverse.shape[0]):
-        p = row_pos[inverse[i]]
-        o = i * row_nbytes
-        out[o:o + row_nbytes] = staging[p:p + row_nbytes]
-
-
-@njit(cache=True, nogil=True)
 def copy_rows_range(staging, row_pos, inverse, out, row_nbytes, lo, hi):
-    """:func:`copy_rows` for the outputs whose unique row is in ``[lo, hi)`` (one staging round)."""
+    """``out[i] = staging[row_pos[inverse[i]] : +row_nbytes]`` (bytes) for the outputs whose unique row is in
+    ``[lo, hi)`` (one staging round)."""
     for i in range(inverse.shape[0]):
         u = inverse[i]
         if lo <= u < hi:

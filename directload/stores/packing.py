@@ -11,6 +11,8 @@ in the file) is stored next to it, with its checksum in the sidecar, and a
 import numpy as np
 import torch
 
+from directload.kernels.operands import out_of_range
+
 from .disk import DiskStore
 from .disk_write import write_disk_store
 
@@ -23,7 +25,7 @@ def access_counts(batches, num_rows):
     for b in batches:
         ids = np.unique(np.asarray(torch.as_tensor(b).cpu().numpy() if torch.is_tensor(b) else b, np.int64))
         if ids.size and (ids[0] < 0 or ids[-1] >= num_rows):
-            raise IndexError(f"row id {ids[0] if ids[0] < 0 else ids[-1]} is out of range for {num_rows} rows")
+            raise out_of_range(int(ids[0] if ids[0] < 0 else ids[-1]), int(num_rows), what="row id")
         counts[ids] += 1
     return counts
 

@@ -8,7 +8,7 @@ from .base import FeatureStore
 from .cache import DeviceCache, HostCache
 from .disk import DiskStore
 
-__all__ = ["TieredStore", "tiered"]
+__all__ = ["TieredStore"]
 
 
 class TieredStore(FeatureStore):
@@ -136,7 +136,3 @@ class TieredStore(FeatureStore):
         state = ", closed" if self._closed else ""
         return f"TieredStore({' -> '.join(type(s).__name__ for s in self.tiers)}{state})"
 
-
-def tiered(source, *, gpu_bytes=0, host_bytes=0, **options):
-    """``TieredStore(source, gpu_bytes=..., host_bytes=..., **options)``."""
-    return TieredStore(source, gpu_bytes=gpu_bytes, host_bytes=host_bytes, **options)

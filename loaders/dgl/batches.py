@@ -11,21 +11,18 @@ through directload's kernels.  Everything else (edge fields, data attached with
 caches) is fetched by DGL's own storages, so any sampler gives DGL's batches.
 """
 
-import os
 from collections.abc import Mapping
 
-os.environ.setdefault("DGLBACKEND", "pytorch")
+import torch
+from dgl import EID, NID, DGLError
+from dgl.dataloading.dataloader import restore_parent_storage_columns
+from dgl.frame import LazyFeature
+from dgl.heterograph import DGLGraph
+from dgl.storages import wrap_storage
+from dgl.utils import recursive_apply, recursive_apply_pair
 
-import torch  # noqa: E402
-from dgl import EID, NID, DGLError  # noqa: E402
-from dgl.dataloading.dataloader import restore_parent_storage_columns  # noqa: E402
-from dgl.frame import LazyFeature  # noqa: E402
-from dgl.heterograph import DGLGraph  # noqa: E402
-from dgl.storages import wrap_storage  # noqa: E402
-from dgl.utils import recursive_apply, recursive_apply_pair  # noqa: E402
-
-from directload.kernels.carriers import ELEMENT_SIZES  # noqa: E402
-from directload.stores import FeatureStore, TensorStore, check_table  # noqa: E402
+from directload.kernels.carriers import ELEMENT_SIZES
+from directload.stores import FeatureStore, TensorStore, check_table
 
 __all__ = ["FeatureSource", "start_batch", "finish_batch", "input_ids", "announce", "can_gather"]
 

@@ -3,15 +3,13 @@
 import os
 from collections.abc import Mapping
 
-os.environ.setdefault("DGLBACKEND", "pytorch")
+import dgl
+import torch
+from dgl.dataloading.dataloader import CollateWrapper
 
-import dgl  # noqa: E402
-import torch  # noqa: E402
-from dgl.dataloading.dataloader import CollateWrapper  # noqa: E402
+from directload.capabilities import NoDeviceError, usable_device
 
-from directload.capabilities import NoDeviceError, usable_device  # noqa: E402
-
-from ..pipeline import (  # noqa: E402
+from ..pipeline import (
     AutoLookahead,
     Epoch,
     Pipeline,
@@ -19,7 +17,7 @@ from ..pipeline import (  # noqa: E402
     resolve_overlap,
     resolve_sampling,
 )
-from .batches import FeatureSource, announce, finish_batch, input_ids, start_batch  # noqa: E402
+from .batches import FeatureSource, announce, finish_batch, input_ids, start_batch
 
 __all__ = ["DataLoader", "check_indices"]
 
@@ -111,7 +109,8 @@ use_prefetch_thread, use_alternate_streams, pin_prefetcher, use_uva, **kwargs
         ``{name: table}`` (``{name: {ntype: table}}`` on a heterogeneous graph)
         overriding the graph's node data for the fields the sampler marks; a
         table is a tensor (ideally a :func:`directload.to_unified` one) or a
-        store with ``gather(ids, device)`` and optionally ``prefetch(ids)``.
+        :class:`directload.stores.FeatureStore` (its ``read`` gathers, its
+        ``prefetch`` hears of the batches sampled ahead).
     lookahead : int or "auto"
         Batches sampled ahead of the one being trained on (default 4).  Their
         ids are listed by the epoch iterator's ``upcoming()`` from ``iter()``

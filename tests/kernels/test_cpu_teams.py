@@ -68,7 +68,8 @@ def test_out_of_range_anywhere_writes_nothing(team, where, aligned, rng):
         gather(src, idx, out=out, aligned=aligned)
     assert (out == 3.0).all()
     idx[pos] = -2
-    with pytest.raises(IndexError, match=rf"index -2 is negative; valid rows are 0..999 \(at position {pos}\)"):
+    with pytest.raises(IndexError,
+                       match=rf"index -2 is out of range for 1000 rows \(valid 0..999\) \(at position {pos}\)"):
         gather(src, idx, out=out, aligned=aligned)
     assert (out == 3.0).all()
 

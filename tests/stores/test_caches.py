@@ -17,7 +17,6 @@ from directload.stores import (
     HostCache,
     TensorStore,
     TieredStore,
-    tiered,
     write_disk_store,
 )
 from directload.stores.cache import POLICY_NAMES
@@ -69,7 +68,7 @@ def test_fuzz_random_tier_configurations_against_the_plain_table(rng):
             torch.complex(torch.randn(rows, elems, dtype=torch.float64), torch.randn(rows, elems, dtype=torch.float64))
         rnb = elems * table.element_size()
         policy = POLICY_NAMES[int(rng.integers(0, len(POLICY_NAMES)))]
-        store = tiered(TensorStore(table), gpu_bytes=int(rng.integers(0, rows + 2)) * rnb,
+        store = TieredStore(TensorStore(table), gpu_bytes=int(rng.integers(0, rows + 2)) * rnb,
                        host_bytes=int(rng.integers(0, rows + 2)) * rnb,
                        staging_bytes=int(rng.integers(0, rows + 2)) * rnb, policy=policy)
         batches = [rng.integers(0, rows, int(rng.integers(0, 60))) for _ in range(int(rng.integers(1, 15)))]
@@ -165,11 +164,15 @@ def test_a_failing_read_ahead_reaches_the_reader_and_nothing_hangs(rng):
     cache = HostCache(_Flaky(table, fail_over=2), 0, "lru", staging_bytes=50 * 8)
     cache.prefetch(np.arange(10))
     deadline = time.monotonic() + 10
-    with pytest.raises(RuntimeError, match="read-ahead thread failed") as info:
+    with pytest.raises(OSError, match="simulated I/O error") as info:  # its own type, across the thread
         while time.monotonic() < deadline:
             cache.read([50, 51])  # not the announced batch: it stays the read-ahead's to do
             time.sleep(0.01)
-    assert isinstance(info.value.__cause__, OSError)
+    assert info.value.errno == 5 and "host cache's read-ahead thread" in " ".join(info.value.__notes__)
+    assert isinstance(info.value.__cause__, OSError) and info.value.__cause__.__traceback__ is not None
+    with pytest.raises(OSError) as again:  # it stays failed: the same error at every read, one note each
+        cache.read([50, 51])
+    assert len(again.value.__notes__) == 1
     cache.close()
 
 
@@ -277,7 +280,7 @@ def test_static_policies_and_factories_plug_in(rng):
 def test_tiered_store_builds_the_chain_reads_out_and_reports_each_tier(tmp_path, rng):
     table = random_table(rng, 256, 32, torch.float32)
     path = write_disk_store(table.numpy(), tmp_path / "t.npy")
-    store = tiered(path, gpu_bytes=16 * 128, host_bytes=64 * 128, staging_bytes=64 * 128)
+    store = TieredStore(path, gpu_bytes=16 * 128, host_bytes=64 * 128, staging_bytes=64 * 128)
     assert [type(t).__name__ for t in store.tiers] == ["DeviceCache", "HostCache", "DiskStore"]
     batches = [rng.integers(0, 256, 40) for _ in range(10)]
     out = torch.empty(40, 32)
@@ -302,7 +305,7 @@ def test_tiered_store_builds_the_chain_reads_out_and_reports_each_tier(tmp_path,
 
 def test_out_devices_follow_the_store_contract(rng, device):
     table = random_table(rng, 64, 8, torch.float32)
-    with tiered(TensorStore(table), gpu_bytes=8 * 32, host_bytes=16 * 32) as store:
+    with TieredStore(TensorStore(table), gpu_bytes=8 * 32, host_bytes=16 * 32) as store:
         ids = torch.tensor([5, 1, 5, 63])
         got = store.read(ids, device=device)
         assert got.device.type == torch.device(device).type
@@ -332,7 +335,7 @@ def test_a_device_cache_counts_the_pcie_lines_the_transaction_model_gives(rng):
 def test_every_dtype_and_row_shape_goes_through_the_tiers(rng, dtype, shape):
     table = torch.randn(shape, dtype=torch.float64).to(dtype) if dtype != torch.bool else torch.rand(shape) > 0.5
     rnb = max(1, table[0].numel() * table.element_size())
-    with tiered(TensorStore(table), gpu_bytes=8 * rnb, host_bytes=30 * rnb, staging_bytes=20 * rnb) as store:
+    with TieredStore(TensorStore(table), gpu_bytes=8 * rnb, host_bytes=30 * rnb, staging_bytes=20 * rnb) as store:
         batches = [rng.integers(0, 120, 25) for _ in range(8)]
         for b, got in zip(batches, _drive(store, batches, 2)):  # complex128: 16-byte elements, moved as words
             assert got.dtype == dtype and got.shape == (25, *shape[1:])
@@ -502,8 +505,9 @@ def test_a_failing_background_warm_reaches_the_reader_and_close_never_hangs(rng)
     cache = HostCache(_Flaky(table, fail_over=4), 400 * 8, "lru")
     cache.warm(np.arange(400), background=True)  # reads of more than 4 rows fail
     cache._warmer.join(10)
-    with pytest.raises(RuntimeError, match="warm thread failed") as info:
+    with pytest.raises(OSError, match="simulated I/O error") as info:
         cache.read([1, 2])
+    assert "host cache's warm thread" in " ".join(info.value.__notes__)
     assert isinstance(info.value.__cause__, OSError)
     assert cache.stats()["cached_rows"] == 0
     cache.close()
@@ -598,3 +602,18 @@ def test_closing_a_tiered_store_while_its_tiers_warm_in_the_background_is_prompt
         store.close()  # the GPU tier's thread, waiting for the host tier's, stops too
     assert time.perf_counter() - t0 < 2
     assert not any(t._warmer.is_alive() for t in store.tiers[:2])
+
+
+def test_a_thread_error_whose_type_cannot_be_rebuilt_arrives_as_runtime_error_naming_it():
+    from directload.stores.cache import _rethrown
+
+    class Odd(Exception):
+        def __init__(self, a, b):
+            super().__init__(f"{a}-{b}")
+
+    exc = Odd(1, 2)
+    exc.add_note("(raised on the host cache's read-ahead thread)")
+    got = _rethrown(exc)
+    assert type(got) is RuntimeError and "Odd('1-2')" in str(got) and "read-ahead thread" in str(got)
+    key = _rethrown(KeyError("k"))
+    assert type(key) is KeyError and key.args == ("k",) and key.__traceback__ is None

@@ -143,9 +143,9 @@ def test_close_is_idempotent_and_reads_after_it_raise_closed_error():
     assert issubclass(ClosedError, RuntimeError) and ClosedError is directload.ClosedError
 
 
-def test_the_loaders_protocol_and_the_base_hooks():
+def test_a_read_and_the_base_hooks():
     store = TensorStore(torch.arange(6).view(3, 2))
-    assert torch.equal(store.gather(torch.tensor([2]), None), torch.tensor([[4, 5]]))
+    assert torch.equal(store.read(torch.tensor([2])), torch.tensor([[4, 5]]))
     assert store.prefetch([0, 1]) is None and len(store) == 3
 
     class Bare(FeatureStore):

@@ -15,7 +15,7 @@ from conftest import within
 import directload
 from directload.files import CorruptFileError
 from directload.npy import header_bytes, make_mark
-from directload.stores import DiskStore, read_layout, renumber, tiered, verify, write_disk_store
+from directload.stores import DiskStore, TieredStore, read_layout, renumber, verify, write_disk_store
 from directload.stores.disk_format import sidecar_crc
 from directload.stores.generations import id_map_path, sidecar_path
 
@@ -23,7 +23,7 @@ OPENERS = {
     "DiskStore": lambda p: DiskStore(p).close(),
     "read_layout": lambda p: read_layout(p, with_id_map=True),
     "verify": lambda p: verify(p, progress=False),
-    "tiered": lambda p: tiered(p, host_bytes=1 << 16).close(),
+    "tiered": lambda p: TieredStore(p, host_bytes=1 << 16).close(),
     "convert": lambda p: write_disk_store(p, os.path.join(os.path.dirname(p), "copy.npy"), progress=False),
 }
 

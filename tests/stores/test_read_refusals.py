@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import directload
-from directload.stores import DeviceCache, DiskStore, HostCache, TensorStore, TieredStore, tiered, write_disk_store
+from directload.stores import DeviceCache, DiskStore, HostCache, TensorStore, TieredStore, write_disk_store
 
 TABLE = torch.arange(200.0).view(50, 4)
 
@@ -119,7 +119,7 @@ def test_budgets_take_integers_and_size_strings_only(tmp_path, bad):
         if bad is None and "staging_bytes" in kwargs:
             continue  # None is the tiered store's default staging (a quarter of the host cache)
         with pytest.raises(ValueError, match="bytes"):
-            tiered(path, **kwargs)
+            TieredStore(path, **kwargs)
     with pytest.raises(ValueError, match="capacity_bytes"):
         HostCache(TensorStore(TABLE), bad)
     with pytest.raises(ValueError, match="staging_bytes"):
@@ -128,7 +128,7 @@ def test_budgets_take_integers_and_size_strings_only(tmp_path, bad):
 
 def test_size_strings_are_budgets(tmp_path):
     path = write_disk_store(TABLE, tmp_path / "f.npy", progress=False)
-    with tiered(path, host_bytes="0.5K", gpu_bytes="256", staging_bytes="0") as store:
+    with TieredStore(path, host_bytes="0.5K", gpu_bytes="256", staging_bytes="0") as store:
         host = store.stats()["host"]
         assert host["capacity_rows"] == 512 // 16 and host["staging_rows"] == 0
         assert store.stats()["device"]["capacity_rows"] == 256 // 16

@@ -105,3 +105,19 @@ def test_one_epoch_shared_by_two_threads_delivers_every_batch_once(graph, sample
         got = drain_from_threads(iter(loader))
         seeds = torch.cat([b[1] for b in got])
         assert len(got) == len(loader) == 30 and torch.equal(seeds.sort().values, torch.arange(300))
+
+
+@pytest.mark.parametrize("module", ["directload.loaders.dgl", "directload.train_dgl"])
+def test_importing_the_dgl_side_leaves_the_environment_and_home_as_they_were(tmp_path, module):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "DGLBACKEND"}
+    env["HOME"] = str(tmp_path)  # where DGL would write .dgl/config.json
+    code = (f"import os, {module}, dgl; print(dgl.backend.backend_name, os.environ.get('DGLBACKEND'))")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, encoding="utf-8",
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["pytorch", "None"]
+    assert "backend not selected" not in proc.stderr and not (tmp_path / ".dgl").exists()

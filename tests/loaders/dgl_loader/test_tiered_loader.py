@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from directload.loaders import DataLoader
-from directload.stores import TensorStore, tiered
+from directload.stores import TensorStore, TieredStore
 
 
 def _seed(seed):
@@ -26,7 +26,7 @@ def test_a_tiered_store_gives_every_row_right_and_its_caches_see_the_future(look
     feat = torch.randn(3000, 24)
     g.ndata["feat"] = feat
     sampler = dgl.dataloading.NeighborSampler([5, 5], prefetch_node_feats=["feat"])
-    store = tiered(TensorStore(feat), gpu_bytes=100 * 96, host_bytes=600 * 96, staging_bytes=800 * 96)
+    store = TieredStore(TensorStore(feat), gpu_bytes=100 * 96, host_bytes=600 * 96, staging_bytes=800 * 96)
     ids = torch.arange(1200)
     ours = DataLoader(g, ids, sampler, batch_size=100, shuffle=True, features={"feat": store}, lookahead=lookahead)
     for _ in range(3):  # (batch-for-batch parity with DGL's loader is tests/loaders/dgl_loader/test_dgl_parity)
