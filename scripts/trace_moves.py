@@ -1,0 +1,112 @@
+"""Count the moves between the package's files that one batch makes, from a trace of calls (sys.setprofile).
+
+A move is a step of the trace (a call or a return) that leaves one of the package's files for another; a
+move *back* enters a file the trip had already left.  Two trips, each traced after a warm-up, so that
+first-use work (imports, kernel loads, thread starts) is not counted:
+
+* ``dgl``: one batch from DGL's sampler through directload's DataLoader to the CPU gather (DGL lane);
+* ``tiered``: one read through a TieredStore (device cache -> host cache -> TensorStore).
+
+Prints each trip's moves, moves back and files, and with ``--path`` the files in the order visited.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+ROOTS = ("directload", "kernels", "loaders")
+
+
+def _ours(filename):
+    """The file's path inside the package (``directload/stores/cache.py``), or None for anyone else's."""
+    parts = Path(filename).parts
+    for i in range(len(parts) - 1, -1, -1):
+        if parts[i] in ROOTS and "site-packages" not in parts[:i]:
+            return "/".join(parts[i:])
+    return None
+
+
+def trace(fn):
+    """Run ``fn()`` under a profiler on this thread; the package files the trace stood in, one per step."""
+    steps = []
+
+    def profile(frame, event, arg):
+        if event in ("call", "return"):
+            name = _ours(frame.f_code.co_filename)
+            if name is not None:
+                steps.append(name)
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return steps
+
+
+def moves(steps):
+    """``(moves, moves back, files in the order first visited, the path of files)``."""
+    path = [f for i, f in enumerate(steps) if i == 0 or f != steps[i - 1]]
+    seen, back = set(), 0
+    for i, f in enumerate(path):
+        if i and f in seen:
+            back += 1
+        seen.add(f)
+    return max(len(path) - 1, 0), back, list(dict.fromkeys(path)), path
+
+
+def trip_dgl():
+    import dgl
+
+    from directload import to_unified
+    from directload.loaders import DataLoader
+
+    torch.manual_seed(0)
+    n = 2000
+    g = dgl.rand_graph(n, 20000)
+    g.ndata["feat"] = to_unified(torch.randn(n, 64))
+    sampler = dgl.dataloading.NeighborSampler([5, 5], prefetch_node_feats=["feat"])
+    loader = DataLoader(g, torch.arange(n), sampler, batch_size=64, shuffle=False, sample_in_thread=False,
+                        overlap=False)
+    it = iter(loader)
+    next(it)  # warm-up
+    return lambda: next(it)
+
+
+def trip_tiered():
+    from directload.stores import TensorStore, TieredStore
+
+    table = torch.randn(10_000, 64)
+    store = TieredStore(TensorStore(table), gpu_bytes=256 * 256, host_bytes=1024 * 256, policy="lru")
+    ids = torch.randint(0, 10_000, (512,))
+    store.read(ids)  # warm-up
+    store.read(ids)
+    return lambda: store.read(torch.randint(0, 10_000, (512,)))
+
+
+TRIPS = {"dgl": trip_dgl, "tiered": trip_tiered}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("trips", nargs="*", metavar="TRIP",
+                   help=f"which trips (of: {', '.join(sorted(TRIPS))}; default all)")
+    p.add_argument("--path", action="store_true", help="print each trip's files in the order visited")
+    args = p.parse_args(argv)
+    unknown = [t for t in args.trips if t not in TRIPS]
+    if unknown:
+        p.error(f"no trip {unknown[0]!r}: one of {', '.join(sorted(TRIPS))}")
+    print(f"{'trip':<8} {'moves':>6} {'back':>6} {'files':>6}")
+    for name in args.trips or sorted(TRIPS):
+        run = TRIPS[name]()
+        n, back, files, path = moves(trace(run))
+        print(f"{name:<8} {n:>6} {back:>6} {len(files):>6}")
+        if args.path:
+            print("   " + " -> ".join(path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
