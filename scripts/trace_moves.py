@@ -78,12 +78,13 @@ def trip_dgl():
 def trip_tiered():
     from directload.stores import TensorStore, TieredStore
 
-    table = torch.randn(10_000, 64)
+    gen = torch.Generator().manual_seed(0)
+    table = torch.randn(10_000, 64, generator=gen)
     store = TieredStore(TensorStore(table), gpu_bytes=256 * 256, host_bytes=1024 * 256, policy="lru")
-    ids = torch.randint(0, 10_000, (512,))
-    store.read(ids)  # warm-up
-    store.read(ids)
-    return lambda: store.read(torch.randint(0, 10_000, (512,)))
+    for _ in range(2):  # warm-up
+        store.read(torch.randint(0, 10_000, (512,), generator=gen))
+    batch = torch.randint(0, 10_000, (512,), generator=gen)  # the same batch every run: the same trip
+    return lambda: store.read(batch)
 
 
 TRIPS = {"dgl": trip_dgl, "tiered": trip_tiered}
