@@ -57,6 +57,9 @@ def moves(steps):
     return max(len(path) - 1, 0), back, list(dict.fromkeys(path)), path
 
 
+# Each trip sets itself up, warms up, and returns (one step to trace, what closes it).
+
+
 def trip_dgl():
     import dgl
 
@@ -72,7 +75,7 @@ def trip_dgl():
                         overlap=False)
     it = iter(loader)
     next(it)  # warm-up
-    return lambda: next(it)
+    return lambda: next(it), it.close
 
 
 def trip_tiered():
@@ -84,7 +87,7 @@ def trip_tiered():
     for _ in range(2):  # warm-up
         store.read(torch.randint(0, 10_000, (512,), generator=gen))
     batch = torch.randint(0, 10_000, (512,), generator=gen)  # the same batch every run: the same trip
-    return lambda: store.read(batch)
+    return lambda: store.read(batch), store.close
 
 
 TRIPS = {"dgl": trip_dgl, "tiered": trip_tiered}
@@ -101,8 +104,11 @@ def main(argv=None):
         p.error(f"no trip {unknown[0]!r}: one of {', '.join(sorted(TRIPS))}")
     print(f"{'trip':<8} {'moves':>6} {'back':>6} {'files':>6}")
     for name in args.trips or sorted(TRIPS):
-        run = TRIPS[name]()
-        n, back, files, path = moves(trace(run))
+        run, close = TRIPS[name]()
+        try:
+            n, back, files, path = moves(trace(run))
+        finally:
+            close()
         print(f"{name:<8} {n:>6} {back:>6} {len(files):>6}")
         if args.path:
             print("   " + " -> ".join(path))
