@@ -20,6 +20,7 @@ Every kernel checks the whole index before it writes: one call checks and
 copies, and an index out of range leaves the output untouched.
 """
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -400,17 +401,22 @@ def ready(aligned, carrier_size, index_size):
 
 
 def _load(key):
+    """Load the kernel of ``key``; it is no longer under way afterwards, loaded or failed (a failed load is
+    tried again by the next :func:`prepare`)."""
     team_name, aligned, carrier_size, index_size = key
-    if team_name == "torch":
-        _team_kernel(aligned, carrier_size, index_size)
-    else:
-        src = np.zeros((1, 1), _NP_CARRIER[carrier_size])
-        idx = np.zeros(1, _NP_INDEX[index_size])
-        for parallel in (False, True):
-            _KERNELS[aligned, parallel](src, idx, np.zeros((1, 1), src.dtype), 1)
-    with _ready_lock:
-        _loaded.add(key)
-        _loading.pop(key, None)
+    try:
+        if team_name == "torch":
+            _team_kernel(aligned, carrier_size, index_size)
+        else:
+            src = np.zeros((1, 1), _NP_CARRIER[carrier_size])
+            idx = np.zeros(1, _NP_INDEX[index_size])
+            for parallel in (False, True):
+                _KERNELS[aligned, parallel](src, idx, np.zeros((1, 1), src.dtype), 1)
+        with _ready_lock:
+            _loaded.add(key)
+    finally:
+        with _ready_lock:
+            _loading.pop(key, None)
 
 
 def prepare(element_sizes=ELEMENT_SIZES, index_sizes=(8, 4), *, aligned=True, background=True):
@@ -440,11 +446,8 @@ def prepare(element_sizes=ELEMENT_SIZES, index_sizes=(8, 4), *, aligned=True, ba
 
     def run():
         for k in todo:
-            try:
+            with contextlib.suppress(Exception):  # a gather that needs the kernel loads it, and raises there
                 _load(k)
-            except Exception:  # noqa: BLE001 - a gather that needs the kernel loads it itself, and raises there
-                with _ready_lock:
-                    _loading.pop(k, None)
 
     thread = threading.Thread(target=run, name="directload-kernel-load", daemon=True)
     with _ready_lock:

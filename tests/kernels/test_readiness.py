@@ -73,3 +73,30 @@ def test_a_forked_child_that_inherited_no_kernel_never_loads_one():
         print(os.waitstatus_to_exitcode(status))
     """)
     assert out.strip() == "0"
+
+
+def test_a_failed_load_is_tried_again_by_the_next_prepare():
+    out = run("""
+        from directload.kernels import cpu
+        calls = []
+
+        def failing(*args):
+            calls.append(args)
+            raise RuntimeError("no kernel today")
+
+        key = cpu._ready_key(True, 2, 8)
+        if key[0] == "torch":
+            cpu._team_kernel = failing
+        else:
+            cpu._KERNELS = {k: failing for k in cpu._KERNELS}
+        for _ in range(2):
+            try:
+                cpu.prepare((2,), (8,), background=False)
+            except RuntimeError as exc:
+                assert str(exc) == "no kernel today"
+            else:
+                raise AssertionError("the failing load did not raise")
+        assert len(calls) == 2 and not cpu.ready(True, 2, 8) and key not in cpu._loading
+        print("ok")
+    """)
+    assert out.strip() == "ok"
