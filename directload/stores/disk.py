@@ -20,7 +20,7 @@ from directload.kernels.tiered import flat_where, gather_tiered
 
 from . import disk_io
 from .base import FeatureStore, ReadFuture
-from .disk_format import raw_layout, read_layout
+from .disk_format import OPEN_ATTEMPTS, raw_layout, read_layout
 
 __all__ = ["DiskStore", "DirectIOWarning", "io_path"]
 
@@ -195,7 +195,7 @@ class DiskStore(FeatureStore):
         """Read the layout (a store's current generation, its id map checked) and open that very file for
         I/O; a writer publishing a new generation meanwhile makes it read again.  ``expect``: the
         ``(device, inode, token)`` a pickled store had, which the file reopened must have too."""
-        for _ in range(4):
+        for _ in range(OPEN_ATTEMPTS):
             if self._options["dtype"] is None:
                 layout = read_layout(self.path, with_id_map=True)
             else:

@@ -42,7 +42,8 @@ CHUNK_BYTES = 4 << 20
 #: The sidecar version written; 1 and 2 are read.
 VERSION = 2
 _MAX_CHUNK_BYTES = 1 << 40
-_ATTEMPTS = 4  # opens retried when a writer publishes a new generation meanwhile
+#: How many times an open is tried when a writer publishes a new generation meanwhile.
+OPEN_ATTEMPTS = 4
 
 #: The element types a disk store holds, by the name its sidecar uses.
 TORCH_DTYPES = {str(d).removeprefix("torch."): d for d in (
@@ -119,12 +120,12 @@ def read_layout(path, *, with_id_map=False):
         permutation.
     """
     path = Path(path)
-    for attempt in range(_ATTEMPTS):
+    for attempt in range(OPEN_ATTEMPTS):
         target = _resolve(path)
         try:
             return _read(path, target, with_id_map)
         except _Moved as moved:
-            if attempt + 1 < _ATTEMPTS and _resolve(path) != target:
+            if attempt + 1 < OPEN_ATTEMPTS and _resolve(path) != target:
                 continue
             raise moved.error from None
     raise AssertionError("unreachable")
@@ -332,7 +333,7 @@ def verify(path, *, progress=True):
         No sidecar, or anything :func:`read_layout` refuses.
     """
     crc32c = require("crc32c")
-    for attempt in range(_ATTEMPTS):
+    for attempt in range(OPEN_ATTEMPTS):
         layout = read_layout(path)
         if layout.sidecar is None:
             raise CorruptFileError(f"{path}: no sidecar ({sidecar_path(layout.path).name}); nothing to verify "
@@ -341,7 +342,7 @@ def verify(path, *, progress=True):
         try:
             f = open_regular(layout.path)
         except FileNotFoundError:
-            if attempt + 1 < _ATTEMPTS:
+            if attempt + 1 < OPEN_ATTEMPTS:
                 continue  # a writer replaced the generation meanwhile
             raise
         with f:
