@@ -7,7 +7,7 @@ import statistics
 import time
 from pathlib import Path
 
-from directload.plotting import pyplot, save_figure  # re-exported for the scripts
+from directload.harness.plotting import pyplot, save_figure  # re-exported for the scripts
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from _common import RESULTS, print_table, system_facts, write_json
 
-from directload.cli import HelpFormatter
 from directload.datasets import PRESETS, dataset_exists, load, synthesize
-from directload.plotting import pyplot, save_figure
+from directload.harness.cli import HelpFormatter
+from directload.harness.plotting import pyplot, save_figure
 from directload.stores.policies import POLICIES, Correlation, LookAhead, belady, degree, presample, simulate
 
 

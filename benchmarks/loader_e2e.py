@@ -14,8 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from directload.cli import HelpFormatter, add_train_arguments, report_name, run_training
-from directload.memcap import enter_capped_child
+from directload.harness.cli import HelpFormatter, add_train_arguments, report_name, run_training
+from directload.harness.memcap import enter_capped_child
 
 
 def main(argv=None):

@@ -32,9 +32,9 @@ from pathlib import Path
 
 from _common import RESULTS, print_table, system_facts, write_json
 
-from directload.cli import HelpFormatter
 from directload.datasets import PRESETS, dataset_exists, load, synthesize
-from directload.plotting import pyplot, save_figure
+from directload.harness.cli import HelpFormatter
+from directload.harness.plotting import pyplot, save_figure
 from directload.units import parse_size
 
 

@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 from _common import RESULTS, print_table, pyplot, save_figure, system_facts, write_json
 
-from directload.cli import HelpFormatter
 from directload.datasets import PRESETS, dataset_exists, load, synthesize
+from directload.harness.cli import HelpFormatter
 
 IDIOMS = ("train", "train, loader only", "train, workers", "train, workers, loader only", "layer-wise inference",
           "remote backend", "remote backend, loader only", "unified table in model code",

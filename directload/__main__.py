@@ -1,5 +1,5 @@
 """``python -m directload``: the same command line as the ``directload`` entry point."""
 
-from directload.cli import main
+from directload.harness.cli import main
 
 raise SystemExit(main())

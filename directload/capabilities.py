@@ -41,6 +41,14 @@ class Capabilities:
     host_memory : str
         Memory new unified tensors get: ``"pinned-mapped"`` with CUDA, else
         ``"host"`` (ordinary pageable memory).
+
+    Examples
+    --------
+    >>> caps = capabilities()
+    >>> caps.host_memory == ("pinned-mapped" if caps.cuda else "host")
+    True
+    >>> caps.disk_reads == ("io_uring" if caps.io_uring else "pread")
+    True
     """
 
     cuda: bool
@@ -220,7 +228,16 @@ def capabilities():
 
 
 class NoDeviceError(RuntimeError):
-    """A device was asked for that this machine does not have (CUDA without a GPU, ``cuda:3`` of two)."""
+    """A device was asked for that this machine does not have (CUDA without a GPU, ``cuda:3`` of two).
+
+    Examples
+    --------
+    >>> try:
+    ...     usable_device("cuda:99")
+    ... except NoDeviceError:
+    ...     print("no such device here")
+    no such device here
+    """
 
 
 def usable_device(device):

@@ -38,6 +38,24 @@ class FileWatch:
     file itself, about a microsecond) before each gather.  The file can still
     shrink between the check and the read; nothing in user space can close that
     window, so do not truncate a file that is mapped.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> path = os.path.join(tmp.name, "rows.bin")
+    >>> with open(path, "wb") as f:
+    ...     _ = f.write(bytes(8))
+    >>> with open(path, "rb") as f:
+    ...     watch = FileWatch(f, path, size=8)
+    >>> watch.check()  # the size it was mapped with: nothing to say
+    >>> with open(path, "ab") as f:
+    ...     _ = f.write(bytes(4))
+    >>> watch.check()
+    Traceback (most recent call last):
+    ...
+    directload.npy.CorruptFileError: ...rows.bin: the file changed size after it was mapped (8 -> 12 bytes)...
+    >>> tmp.cleanup()
     """
 
     def __init__(self, f, path, size):

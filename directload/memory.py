@@ -72,7 +72,13 @@ def resolve_pin(pin):
 
 
 class PinError(RuntimeError):
-    """Host memory could not be pinned or registered; the message says why and how to fix it."""
+    """Host memory could not be pinned or registered; the message says why and how to fix it.
+
+    Examples
+    --------
+    >>> issubclass(PinError, RuntimeError)
+    True
+    """
 
 
 def _limits_hint(nbytes):
@@ -90,7 +96,13 @@ def _limits_hint(nbytes):
 
 
 class HostRuntime:
-    """The CUDA runtime calls unified memory needs.  Subclasses bind a real runtime."""
+    """The CUDA runtime calls unified memory needs.  Subclasses bind a real runtime.
+
+    Examples
+    --------
+    >>> isinstance(HostRuntime(), HostRuntime)
+    True
+    """
 
     def host_alloc(self, nbytes):
         """Pinned, mapped, portable host memory; returns a pointer."""
@@ -107,7 +119,13 @@ class HostRuntime:
 
 
 class CupyRuntime(HostRuntime):
-    """``HostRuntime`` over ``cupy.cuda.runtime`` (needs a CUDA driver)."""
+    """``HostRuntime`` over ``cupy.cuda.runtime`` (needs a CUDA driver).
+
+    Examples
+    --------
+    >>> issubclass(CupyRuntime, HostRuntime)
+    True
+    """
 
     def __init__(self):
         from cupy.cuda import runtime as rt
@@ -134,6 +152,11 @@ class NumbaMappedRuntime(HostRuntime):
     Works with a real driver and under the Numba CUDA simulator, which is how
     the simulator lane exercises the mapped path.  Registration of existing
     memory is not offered (it needs CuPy's runtime).
+
+    Examples
+    --------
+    >>> issubclass(NumbaMappedRuntime, HostRuntime)
+    True
     """
 
     def __init__(self):
@@ -180,6 +203,12 @@ class Allocation:
         of memory someone else owns) or ``"host"`` (ordinary memory, no CUDA).
     owner : object
         What keeps the bytes themselves alive (a pool block, array or mmap).
+
+    Examples
+    --------
+    >>> a = allocate(100, pin="never")
+    >>> isinstance(a, Allocation), a.nbytes >= 100, host_array(a).nbytes >= 100
+    (True, True, True)
     """
 
     ptr: int
@@ -218,6 +247,11 @@ class PinnedPool:
     Sizes round up to a power of two (at least 64 KiB); freed blocks wait in a
     per-size free list for the next request, so steady-state create/free cycles
     make no CUDA calls.  ``empty_cache()`` returns cached blocks to the driver.
+
+    Examples
+    --------
+    >>> PinnedPool.block_size(5000) >= 5000
+    True
     """
 
     MIN_BLOCK = 64 * 1024

@@ -40,7 +40,18 @@ _MARK = re.compile(r"#\s*directload-store v(\d+) token=([0-9a-f]{32}) packed=([0
 
 class CorruptFileError(ValueError):
     """A feature file is truncated, has a bad header, is not a regular file, or does not match the
-    requested layout or its own sidecar."""
+    requested layout or its own sidecar.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> with tempfile.NamedTemporaryFile(suffix=".npy") as f:
+    ...     _ = f.write(b"not a table"); f.flush()
+    ...     read_header(f, f.name)
+    Traceback (most recent call last):
+    ...
+    directload.npy.CorruptFileError: ....npy: not a valid .npy file (no .npy magic string)
+    """
 
 
 def _kind(mode):
@@ -92,6 +103,18 @@ class NpyHeader:
     ``mark`` is None for a file directload did not write as part of a store, else
     ``{"version", "token", "packed"}``.  ``device`` and ``inode`` identify the very file that was read,
     so a reader can tell that a path it opens again is still that file.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> path = os.path.join(tmp.name, "feat.npy")
+    >>> np.save(path, np.zeros((3, 2), np.float32))
+    >>> with open_regular(path) as f:
+    ...     head = read_header(f, path)
+    >>> head.dtype, head.shape, head.offset, head.data_bytes, head.mark
+    (dtype('float32'), (3, 2), 128, 24, None)
+    >>> tmp.cleanup()
     """
 
     dtype: np.dtype

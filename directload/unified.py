@@ -29,7 +29,18 @@ __all__ = ["UnifiedTensor", "ClosedError", "to_unified", "empty", "zeros", "ones
 
 
 class ClosedError(RuntimeError):
-    """The unified tensor was closed; its memory may be gone."""
+    """The unified tensor was closed; its memory may be gone.
+
+    Examples
+    --------
+    >>> import directload
+    >>> x = directload.zeros(2)
+    >>> x.close()
+    >>> x.host
+    Traceback (most recent call last):
+    ...
+    directload.unified.ClosedError: this unified tensor was closed; create a new one
+    """
 
 
 class UnifiedTensor(torch.Tensor):
@@ -39,6 +50,21 @@ class UnifiedTensor(torch.Tensor):
     :func:`ones` or :func:`directload.from_file`, never directly.  Its torch
     ``device`` is ``cpu`` (the bytes live in host memory); where computation
     runs follows the placement rules in :mod:`directload.placement`.
+
+    Examples
+    --------
+    >>> import directload, torch
+    >>> x = directload.to_unified(torch.arange(6.0).reshape(3, 2), affinity="host")
+    >>> x
+    UnifiedTensor(shape=(3, 2), dtype=torch.float32, affinity='host', memory=...)
+    >>> rows = x[torch.tensor([2, 0])]  # a CPU index and affinity "host": the CPU gather kernel
+    >>> type(rows).__name__, rows.device, rows.tolist()
+    ('Tensor', device(type='cpu'), [[4.0, 5.0], [0.0, 1.0]])
+    >>> x.host.data_ptr() == x.data_ptr()  # the host view: the same bytes, no copy
+    True
+    >>> x.with_affinity("cuda").affinity  # a view with another affinity; no data moves
+    'cuda'
+    >>> x.close()
     """
 
     is_unified = True

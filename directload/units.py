@@ -1,10 +1,11 @@
-"""Sizes in bytes: one parser and one check for every budget (caches, staging, memory caps)."""
+"""Configuration values, checked in one place: sizes in bytes (one parser and one check for every budget:
+caches, staging, memory caps) and whole-number settings (batch sizes, look-ahead, queue depths, epochs)."""
 
 import re
 
 import numpy as np
 
-__all__ = ["parse_size", "check_bytes"]
+__all__ = ["parse_size", "check_bytes", "check_int"]
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(?:i?[bB])?\s*")
@@ -50,3 +51,28 @@ def check_bytes(name, value):
         raise ValueError(f"{name} must be a number of bytes (an integer >= 0, or a size such as '512M'), got "
                          f"{value!r}")
     return int(value)
+
+
+def check_int(name, value, *, low=1, high=None, also=()):
+    """``value`` when it is a whole number in ``[low, high]`` (or one of ``also``, e.g. ``"auto"``), else the one
+    ``ValueError`` naming ``name``.  Booleans are refused (``True`` is not a batch size).
+
+    Examples
+    --------
+    >>> check_int("batch_size", 64), check_int("retries", 0, low=0), check_int("lookahead", "auto", also=("auto",))
+    (64, 0, 'auto')
+    >>> check_int("batch_size", 0)
+    Traceback (most recent call last):
+    ...
+    ValueError: batch_size must be a positive integer, got 0
+    """
+    if isinstance(value, str) and value in also:
+        return value
+    ok = not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= low
+    if ok and (high is None or value <= high):
+        return int(value)
+    want = "a positive integer" if low == 1 else f"an integer >= {low}"
+    if high is not None:
+        want = f"an integer in {low}..{high}"
+    alternatives = "".join(f" or {a!r}" for a in also)
+    raise ValueError(f"{name} must be {want}{alternatives}, got {value!r}")

@@ -22,7 +22,7 @@ from .cpu import first_invalid
 from .devices import memory_of, read_devices
 from .host_bytes import nbytes_of
 from .host_pool import default_pool
-from .operands import out_of_range
+from .operands import memory_span, out_of_range, overlaps
 
 __all__ = ["gather", "gather_async", "GatherFuture", "resolve_backend", "check_devices", "check_no_overlap",
            "launcher", "BACKENDS"]
@@ -36,14 +36,14 @@ POOL_BYTES = 1 << 20
 _CARRIER = {size: getattr(torch, CARRIERS[size].torch) for size in ELEMENT_SIZES}
 # Every backend module exports ``launch(src, index, out, *, aligned, stream) -> int`` (see
 # kernels.cpu.launch); the GPU ones import Numba CUDA or CuPy, so they load on first use.
-_BACKEND_MODULES = {"cpu": ".cpu", "numba_cuda": ".numba_cuda", "cupy": ".cupy_backend"}
+BACKEND_MODULES = {"cpu": ".cpu", "numba_cuda": ".numba_cuda", "cupy": ".cupy_backend"}
 
 
 def launcher(name):
     """The ``launch`` function of backend ``name`` (``"cpu"``, ``"numba_cuda"`` or ``"cupy"``)."""
     if name == "cpu":
         return cpu.launch
-    return importlib.import_module(_BACKEND_MODULES[name], __package__).launch
+    return importlib.import_module(BACKEND_MODULES[name], __package__).launch
 
 
 def resolve_backend(requested, index_on_cuda, src_location, *, has_cupy, has_numba_cuda):
@@ -165,17 +165,6 @@ def _check_out(out, shape, src, on_cuda, device):
         raise ValueError("out must be contiguous")
 
 
-def _span(t):
-    """``[first, end)`` byte addresses of a contiguous tensor (empty for no elements)."""
-    start = t.data_ptr()
-    return start, start + t.numel() * t.element_size()
-
-
-def _overlap(a, b):
-    """Whether two byte ranges ``[first, end)`` share a byte."""
-    return a[0] < b[1] and b[0] < a[1] and a[0] != a[1] and b[0] != b[1]
-
-
 def check_no_overlap(out, src, index):
     """Raise ``ValueError`` when ``out`` shares memory with ``src`` or ``index``.
 
@@ -185,9 +174,9 @@ def check_no_overlap(out, src, index):
     memory for the same reason.  Addresses are compared as they are: with
     unified addressing a mapped host table and its CUDA view share them.
     """
-    span = _span(out)
+    span = memory_span(out)
     for name, other in (("src", src), ("index", index)):
-        if _overlap(span, _span(other)):
+        if overlaps(span, memory_span(other)):
             raise ValueError(f"out shares memory with {name}: a gather cannot write where it reads; "
                              "pass a separate out (or clone() the input first)")
 
@@ -202,6 +191,20 @@ class GatherFuture:
     thread runs it and ``wait()`` blocks until it is done.  A GPU gather is
     launched at once; ``wait()`` makes the caller's current CUDA stream wait
     for it (no host block), so the tensor is safe to use in stream order.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from directload.kernels import gather_async
+    >>> table = torch.arange(6.0).reshape(3, 2)
+    >>> future = gather_async(table, torch.tensor([2, 0]))
+    >>> future.done()  # a CPU gather has run by the time gather_async returns
+    True
+    >>> future.wait()
+    tensor([[4., 5.],
+            [0., 1.]])
+    >>> gather_async(table, torch.tensor([1]), background=True).wait()  # on a worker thread
+    tensor([[2., 3.]])
     """
 
     _result: object
@@ -309,8 +312,8 @@ def _gather_cpu_fast(src, index, out, aligned):
         if out_hit is None or out.dtype != src.dtype or out.shape[0] != n or out.shape[1:] != src.shape[1:]:
             return None
         out_span = (out_hit[1], out_hit[1] + out_hit[0].nbytes)
-        if (_overlap(out_span, (src_hit[1], src_hit[1] + src_hit[0].nbytes))
-                or _overlap(out_span, _span(index))):
+        if (overlaps(out_span, (src_hit[1], src_hit[1] + src_hit[0].nbytes))
+                or overlaps(out_span, memory_span(index))):
             return None  # the general path raises
     return _cpu_kernel(src_hit, index, out, out_hit, aligned)
 

@@ -14,6 +14,25 @@ __all__ = ["Carrier", "CARRIERS", "ELEMENT_SIZES"]
 
 @dataclass(frozen=True)
 class Carrier:
+    """The integer type that moves one element of a size, named in each language the kernels use.
+
+    Attributes
+    ----------
+    numpy, torch : str or None
+        numpy and torch dtype names (None for the 16-byte vector unit, which no table has).
+    typestr : str
+        The ``__cuda_array_interface__`` typestr.
+    cxx : str
+        The C++ type in ``kernels/cuda/gather.cu``.
+
+    Examples
+    --------
+    >>> CARRIERS[2].torch, CARRIERS[2].cxx  # float16 and bfloat16 rows move as 16-bit integers
+    ('int16', 'unsigned short')
+    >>> sorted(CARRIERS) == [*ELEMENT_SIZES, 16]
+    True
+    """
+
     numpy: str    # numpy dtype name (None: no host view)
     torch: str    # torch dtype name (None: no host view)
     typestr: str  # __cuda_array_interface__ typestr

@@ -13,7 +13,7 @@ from .nvrtc import compile_gather, kernel_name, tiered_kernel_name
 from .operands import check_launch
 from .sources import CUDA_DIR, cache_dir
 
-__all__ = ["launch", "kernel", "tiered_kernel", "gather_rows", "gather_tiered_rows"]
+__all__ = ["launch", "launch_tiered", "kernel", "tiered_kernel", "gather_rows", "gather_tiered_rows"]
 
 _NULL = np.uint64(0)  # trace pointers: off
 
@@ -113,3 +113,12 @@ def gather_tiered_rows(cache, flat, where, out, *, aligned=True, stream_ptr=0, g
     blocks = grid or launch_grid(n * (WARP if aligned else row_elems), block)
     with cupy.cuda.ExternalStream(stream_ptr):
         fn((blocks,), (block,), (cache, flat, where, out, cupy.int64(n), cupy.int64(row_elems)))
+
+
+def launch_tiered(cache, flat, where, out, *, aligned=True, stream=0):
+    """The backends' shared tiered launch (see ``kernels.tiered.launch_tiered``) on CuPy: torch tensors,
+    ``cache`` in device or mapped memory, ``flat`` mapped, ``where`` checked, ``stream`` a ``cudaStream_t``."""
+    import cupy
+
+    gather_tiered_rows(cupy.asarray(cuda_array(cache)), cupy.asarray(cuda_array(flat)), cupy.asarray(where),
+                       cupy.asarray(out), aligned=aligned, stream_ptr=stream)

@@ -125,13 +125,14 @@ def launch(src, idx, out, *, aligned, grid, block=BLOCK, trace=False):
     return (tid, step) if trace else None
 
 
-def launch_tiered(cache, flat, where, out, *, aligned, grid, block=BLOCK):
+def launch_tiered(cache, flat, where, out, *, aligned=True, stream=0, grid=1, block=BLOCK):
     """Run ``gather_tiered_naive``/``gather_tiered_aligned`` from gather.cu on the CPU.
 
     ``cache`` and ``flat`` are 1-D C-contiguous arrays of one 1/2/4/8-byte
     dtype (the aligned kernel takes each tier's line offset from its address,
     as on a GPU), ``where`` 1-D int64 (not checked here), ``out``
-    ``[len(where), row_elems]``.
+    ``[len(where), row_elems]``.  The backends' tiered signature, plus the launch shape (``stream`` means
+    nothing here).
     """
     for name, a in (("cache", cache), ("flat", flat), ("where", where), ("out", out)):
         if not a.flags.c_contiguous:

@@ -42,6 +42,19 @@ class HostBufferPool:
     ----------
     max_cached_bytes : int
         Free blocks kept for reuse; beyond it, freed blocks go back to the OS.
+
+    Examples
+    --------
+    >>> import torch
+    >>> pool = HostBufferPool()
+    >>> a = pool.empty((1024, 256), torch.float32)  # a 1 MiB block
+    >>> a.shape, pool.stats
+    (torch.Size([1024, 256]), {'fresh': 1, 'reused': 0})
+    >>> del a                                       # its last tensor is gone: the block is free again
+    >>> b = pool.empty((1000, 256), torch.float32)  # the same size class
+    >>> pool.stats
+    {'fresh': 1, 'reused': 1}
+    >>> del b; pool.empty_cache()
     """
 
     def __init__(self, max_cached_bytes=1 << 30):

@@ -15,6 +15,16 @@ class CudaArrayView:
     host pointer is also the device pointer (CUDA Programming Guide, "Mapped
     Memory"), so CuPy and Numba kernels can read it directly.  ``owner`` is kept
     alive as long as this view is.
+
+    Examples
+    --------
+    >>> import torch
+    >>> t = torch.zeros(4, 2)
+    >>> view = CudaArrayView(t.data_ptr(), t.shape, t.element_size(), owner=t)
+    >>> view.__cuda_array_interface__["shape"], view.__cuda_array_interface__["typestr"]  # bits, not values
+    ((4, 2), '<i4')
+    >>> view.owner is t
+    True
     """
 
     def __init__(self, ptr, shape, itemsize, owner):

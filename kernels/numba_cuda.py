@@ -12,8 +12,8 @@ from .indexing import BLOCK, LINE, WARP, aligned_geometry, aligned_span, launch_
 from .interop import cuda_array
 from .operands import check_launch
 
-__all__ = ["launch", "gather_rows", "gather_tiered_rows", "compile_ptx", "compile_tiered_ptx", "kernel_signature",
-           "array_address"]
+__all__ = ["launch", "launch_tiered", "gather_rows", "gather_tiered_rows", "compile_ptx", "compile_tiered_ptx",
+           "kernel_signature", "array_address"]
 
 
 def _load_numpy_support():
@@ -218,6 +218,15 @@ def launch(src, index, out, *, aligned=True, stream=0):
     gather_rows(cuda.as_cuda_array(cuda_array(src)), cuda.as_cuda_array(index), cuda.as_cuda_array(out),
                 aligned=aligned, stream=cuda.external_stream(stream) if stream else 0)
     return -1
+
+
+def launch_tiered(cache, flat, where, out, *, aligned=True, stream=0):
+    """The backends' shared tiered launch (see ``kernels.tiered.launch_tiered``) on Numba CUDA: torch
+    tensors, ``cache`` in device or mapped memory, ``flat`` mapped, ``where`` checked, ``stream`` a
+    ``cudaStream_t``; nothing synchronises."""
+    gather_tiered_rows(cuda.as_cuda_array(cuda_array(cache)), cuda.as_cuda_array(cuda_array(flat)),
+                       cuda.as_cuda_array(where), cuda.as_cuda_array(out), aligned=aligned,
+                       stream=cuda.external_stream(stream) if stream else 0)
 
 
 def kernel_signature(aligned, elem_dtype, index_dtype):

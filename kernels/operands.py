@@ -1,7 +1,90 @@
-"""The one check of a backend launch's operands: a kernel writes ``out`` through raw pointers, so operands of
-the wrong shape, element size or layout are refused here rather than written past their end."""
+"""The operands of a gather, checked and viewed in one place.
 
-__all__ = ["check_launch", "out_of_range"]
+A kernel writes ``out`` through raw pointers, so operands of the wrong shape, element size or layout are
+refused here (:func:`check_launch`) rather than written past their end; ids outside a table get the one
+out-of-range message (:func:`out_of_range`); rows of elements no kernel moves are viewed as words it does
+(:func:`row_words`); and memory that must not overlap is compared here (:func:`memory_span`,
+:func:`overlaps`).
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .carriers import ELEMENT_SIZES
+
+__all__ = ["check_launch", "out_of_range", "RowWords", "row_words", "memory_span", "overlaps"]
+
+
+@dataclass(frozen=True)
+class RowWords:
+    """How rows of a table are held and moved by the kernels: as ``dtype`` elements, ``shape`` per row, each
+    element of the table ``ratio`` of them (1: the table's own dtype).
+
+    Examples
+    --------
+    >>> row_words(torch.complex128, (2,)).same, row_words(torch.float16, (2,)).same
+    (False, True)
+    """
+
+    dtype: torch.dtype
+    shape: tuple
+    ratio: int
+
+    @property
+    def same(self):
+        """Whether the rows move in their own dtype (no view needed)."""
+        return self.ratio == 1
+
+
+def row_words(dtype, row_shape):
+    """The words the kernels move rows of ``dtype`` and ``row_shape`` in: the dtype itself for 1, 2, 4 and
+    8-byte elements; wider ones (complex128) as their bytes, in 8-byte words (or bytes).
+
+    Examples
+    --------
+    >>> row_words(torch.float32, (3,))
+    RowWords(dtype=torch.float32, shape=(3,), ratio=1)
+    >>> row_words(torch.complex128, (3,))
+    RowWords(dtype=torch.int64, shape=(6,), ratio=2)
+    """
+    elem = torch.empty(0, dtype=dtype).element_size()
+    if elem in ELEMENT_SIZES:
+        return RowWords(dtype, tuple(row_shape), 1)
+    carrier = torch.int64 if elem % 8 == 0 else torch.uint8
+    ratio = elem // torch.empty(0, dtype=carrier).element_size()
+    return RowWords(carrier, (int(np.prod(row_shape, dtype=np.int64)) * ratio,), ratio)
+
+
+def memory_span(t, *, whole=False):
+    """``[first, end)`` byte addresses of a contiguous tensor's elements, or with ``whole`` of all the memory
+    under a tensor or numpy array (its whole storage, or its base array's).
+
+    Examples
+    --------
+    >>> t = torch.zeros(8)
+    >>> a, b = memory_span(t[2:4]); b - a
+    8
+    >>> overlaps(memory_span(t[2:4]), memory_span(t, whole=True)), overlaps(memory_span(t[:2]), memory_span(t[2:]))
+    (True, False)
+    """
+    if isinstance(t, np.ndarray):
+        base = t
+        while isinstance(base.base, np.ndarray):
+            base = base.base
+        return (base.ctypes.data, base.ctypes.data + base.nbytes) if whole else \
+            (t.ctypes.data, t.ctypes.data + t.nbytes)
+    if whole:
+        storage = t.untyped_storage()
+        return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+    start = t.data_ptr()
+    return start, start + t.numel() * t.element_size()
+
+
+def overlaps(a, b):
+    """Whether two non-empty ``[first, end)`` spans share a byte."""
+    return a[0] < b[1] and b[0] < a[1] and a[0] != a[1] and b[0] != b[1]
 
 
 def out_of_range(value, n, *, what="index", unit="rows", position=None, negatives=False):

@@ -31,6 +31,17 @@ class RequestCount:
         int64 ``[n_index]``: requests for each gathered row's bytes.
     min_lines : numpy.ndarray
         int64 ``[n_index]``: lines each row spans, the least any kernel can issue.
+
+    Examples
+    --------
+    The paper's toy example (4-lane warps, 16-byte lines, 44-byte rows): the aligned kernel issues the
+    minimum for every row.
+
+    >>> counts = count_requests([0, 2, 4], 44, 4, kernel="aligned", warp=4, line=16)
+    >>> counts.total, counts.per_row.tolist(), counts.min_lines.tolist()
+    (10, [3, 4, 3], [3, 4, 3])
+    >>> count_requests([0, 2, 4], 44, 4, kernel="naive", warp=4, line=16).total
+    16
     """
 
     total: int
@@ -149,7 +160,7 @@ def count_requests(index, row_bytes, elem, *, kernel="aligned", src_addr=0, warp
 
     Examples
     --------
-    >>> count_requests([0, 2, 4], 44, 4, kernel="naive", warp=4, line=16).per_row[1]
+    >>> int(count_requests([0, 2, 4], 44, 4, kernel="naive", warp=4, line=16).per_row[1])
     7
     """
     if kernel not in ("aligned", "naive", "paper"):

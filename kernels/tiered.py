@@ -14,6 +14,7 @@ C kernels (``cuda/gather.cu``, through CuPy), the CPU kernel below and the
 transaction model (``pcie_model.count_tiered``).
 """
 
+import importlib
 import math
 
 import numpy as np
@@ -23,10 +24,10 @@ from numba import njit, prange
 from directload.capabilities import capabilities
 
 from . import cpu
-from .api import _CARRIER, _new_cpu_out, _overlap, _span
+from .api import _CARRIER, BACKEND_MODULES, _new_cpu_out, resolve_backend
 from .devices import MAPPED, memory_of
 from .indexing import tier_row
-from .operands import out_of_range
+from .operands import memory_span, out_of_range, overlaps
 
 __all__ = ["gather_tiered", "check_where", "flat_where", "fill_slots"]
 
@@ -217,43 +218,33 @@ def gather_tiered(cache, flat, where, *, out=None, aligned=True, backend="auto")
     elif cache.is_cuda or flat.is_cuda:
         raise ValueError("a CPU where (a CPU gather) cannot read tiers in GPU memory")
     for name, t in (("cache", cache), ("flat", flat), ("where", where)):
-        if _overlap(_span(out), _span(t)):
+        if overlaps(memory_span(out), memory_span(t)):
             raise ValueError(f"out shares memory with {name}: a gather cannot write where it reads")
     check_where(where, cache.shape[0], flat.numel(), row_elems)
     if out.numel() == 0:
         return out
     c, f, o = _flat_bits(cache), _flat_bits(flat), out.view(_CARRIER[out.element_size()]).reshape(shape[0], row_elems)
-    if not where.is_cuda:
-        _cpu_tiered(c.numpy(), f.numpy(), where.numpy(), o.numpy(), row_elems)
-        return out
-    _launch_gpu(backend, c, f, where, o, aligned)
+    if where.is_cuda:
+        caps = capabilities()
+        backend = resolve_backend(backend, True, "mapped", has_cupy=caps.cupy, has_numba_cuda=caps.numba_cuda)
+    else:
+        backend = resolve_backend(backend, False, "host", has_cupy=False, has_numba_cuda=False)
+    tiered_launcher(backend)(c, f, where, o, aligned=aligned,
+                             stream=torch.cuda.current_stream(where.device).cuda_stream if where.is_cuda else 0)
     return out
 
 
-def _launch_gpu(backend, cache, flat, where, out, aligned):
-    from .interop import cuda_array
+def launch_tiered(cache, flat, where, out, *, aligned=True, stream=0):
+    """The CPU backend's tiered launch (the same signature as ``numba_cuda.launch_tiered`` and
+    ``cupy_backend.launch_tiered``): ``out[r]`` = cache row ``where[r]``, or the flat tier's row at element
+    ``-where[r] - 1``.  Torch tensors of one bit carrier, ``cache`` and ``flat`` 1-D, ``out``
+    ``[len(where), row_elems]``, ``where`` checked; ``aligned`` and ``stream`` mean nothing on the CPU."""
+    _cpu_tiered(cache.numpy(), flat.numpy(), where.numpy(), out.numpy(), out.shape[1])
 
-    if backend == "auto":
-        caps = capabilities()
-        backend = "cupy" if caps.cupy else "numba_cuda" if caps.numba_cuda else None
-        if backend is None:
-            raise RuntimeError("a GPU tiered gather needs CuPy or Numba CUDA")
-    with torch.cuda.device(where.device):
-        stream = torch.cuda.current_stream().cuda_stream
-        if backend == "cupy":
-            import cupy
 
-            from .cupy_backend import gather_tiered_rows
+def tiered_launcher(name):
+    """The ``launch_tiered`` function of backend ``name`` (``"cpu"``, ``"numba_cuda"`` or ``"cupy"``)."""
+    if name == "cpu":
+        return launch_tiered
+    return importlib.import_module(BACKEND_MODULES[name], __package__).launch_tiered
 
-            gather_tiered_rows(cupy.asarray(cuda_array(cache)), cupy.asarray(cuda_array(flat)), cupy.asarray(where),
-                               cupy.asarray(out), aligned=aligned, stream_ptr=stream)
-        elif backend == "numba_cuda":
-            from numba import cuda
-
-            from .numba_cuda import gather_tiered_rows
-
-            gather_tiered_rows(cuda.as_cuda_array(cuda_array(cache)), cuda.as_cuda_array(cuda_array(flat)),
-                               cuda.as_cuda_array(where), cuda.as_cuda_array(out), aligned=aligned,
-                               stream=cuda.external_stream(stream))
-        else:
-            raise ValueError(f"backend must be 'auto', 'cupy' or 'numba_cuda', got {backend!r}")

@@ -1,9 +1,10 @@
 """The loaders' pipeline: sample ahead, gather the next batch while the current one trains, never hang.
 
-Framework-neutral: a loader hands it an iterator of sampled batches and three
-functions (announce a batch's ids, start its feature fetches, finish them), so
-the same machinery serves any sampler that yields tuples, lists, dicts,
-tensors or graph objects with ``to(device)``.
+Framework-neutral: a loader hands it an iterator of sampled batches and one
+:class:`BatchAdapter` (what its framework's batches need: their ids, the hint
+to the stores, the start and the end of their feature fetches), so the same
+machinery serves any sampler that yields tuples, lists, dicts, tensors or
+graph objects with ``to(device)``.
 """
 
 import atexit
@@ -18,8 +19,11 @@ from collections.abc import Mapping
 
 import torch
 
-__all__ = ["Pipeline", "Epoch", "PipelineError", "resolve_sampling", "resolve_overlap", "choose_lookahead",
-           "check_lookahead", "AutoLookahead"]
+from directload.stores import CacheStats
+from directload.units import check_int
+
+__all__ = ["Pipeline", "Epoch", "PipelineError", "BatchAdapter", "resolve_sampling", "resolve_overlap",
+           "choose_lookahead", "check_lookahead", "AutoLookahead"]
 
 _DONE = object()
 _live = weakref.WeakSet()
@@ -88,11 +92,7 @@ def choose_lookahead(fetch_s, compute_s, bound, low=1):
 
 def check_lookahead(lookahead):
     """``lookahead`` as given when it is a positive integer or ``"auto"``, else ``ValueError``."""
-    if lookahead == "auto":
-        return lookahead
-    if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1:
-        raise ValueError(f"lookahead must be a positive integer or 'auto', got {lookahead!r}")
-    return lookahead
+    return check_int("lookahead", lookahead, also=("auto",))
 
 
 class AutoLookahead:
@@ -104,6 +104,12 @@ class AutoLookahead:
     pipeline (``compute_s``, what the training loop did between batches, plus sampling);
     :func:`choose_lookahead` picks the next epoch's L, bounded by the read-ahead slots
     (``staging_rows`` over the rows read ahead per batch).  ``chosen`` lists the L of every epoch.
+
+    Examples
+    --------
+    >>> auto = AutoLookahead(start=4)
+    >>> auto.begin([]), auto.chosen
+    (4, [4])
     """
 
     def __init__(self, start=4, bound=64):
@@ -139,17 +145,60 @@ def _cache_counters(stores):
     """Summed counters of every cache tier behind ``stores`` (a TieredStore's, or a cache's own)."""
     total = dict.fromkeys(("ahead_s", "fallback_s", "reads", "prefetched_rows", "staging_rows"), 0)
     for store in stores:
-        stats = store.stats() if hasattr(store, "stats") else {}
-        tiers = [v for v in stats.values() if isinstance(v, dict)] or [stats]
-        for t in tiers:
-            if "staging_rows" in t:  # a cache tier
+        for t in store.stats().tiers:
+            if isinstance(t, CacheStats):
                 for k in total:
-                    total[k] += t.get(k, 0)
+                    total[k] += t[k]
     return total
 
 
+class BatchAdapter:
+    """What the pipeline needs to know of one framework's batches; a loader passes one.
+
+    The defaults suit batches whose features are already in place: no ids, no hints, nothing to fetch.
+    The DGL loader's (:class:`directload.loaders.dgl.batches.DGLBatches`) fills DGL's lazy features,
+    the PyG loader's runs PyG's ``filter_fn``.
+
+    Examples
+    --------
+    >>> class Doubling(BatchAdapter):
+    ...     def finish(self, started):
+    ...         return started * 2
+    >>> epoch = Epoch(Pipeline(iter([1, 2, 3]), Doubling(), device="cpu", lookahead=2,
+    ...                        sample_in_thread=False, overlap=False))
+    >>> list(epoch)
+    [2, 4, 6]
+    """
+
+    def ids(self, batch):
+        """The ids the batch reads features for (what :meth:`Epoch.upcoming` lists), or None."""
+        return None
+
+    def announce(self, batch):
+        """The batch was sampled: hint its ids to the stores it will read (``FeatureStore.prefetch``)."""
+
+    def start(self, batch):
+        """Start the batch's feature fetches; returns what :meth:`finish` takes."""
+        return batch
+
+    def finish(self, started):
+        """Wait for the fetches, put the features in place and move the batch to the device."""
+        return started
+
+    def stores(self):
+        """The :class:`~directload.stores.FeatureStore` s behind the batches (``lookahead="auto"`` reads
+        their caches' counters)."""
+        return ()
+
+
 class PipelineError(RuntimeError):
-    """A pipeline thread ended without handing over a batch, an end or an error (never expected)."""
+    """A pipeline thread ended without handing over a batch, an end or an error (never expected).
+
+    Examples
+    --------
+    >>> issubclass(PipelineError, RuntimeError)
+    True
+    """
 
 
 class _Failure:
@@ -170,32 +219,40 @@ class Pipeline:
     """The machinery of one epoch of batches (the caller sees it through :class:`Epoch`).
 
     Stage 1 (sampling) pulls batches from ``batches`` up to ``lookahead``
-    ahead: on a background thread when ``sample_in_thread``, else on the
-    caller's thread (at :meth:`prime` and inside ``__next__``).  Each sampled
-    batch is passed to ``announce`` (stores' ``prefetch`` hooks) and its ids,
-    from ``ids_of``, are listed by :meth:`upcoming`.  Stage 2 runs
-    ``finish(start(batch))``, which fetches the batch's features and moves it
-    to ``device``: with ``overlap``, on a background thread (and its own CUDA
-    stream for a CUDA ``device``) while the caller trains on the previous
-    batch; without, in ``__next__``.
+    ahead (an int, or an :class:`AutoLookahead` that picks each epoch's):
+    on a background thread when ``sample_in_thread``, else on the caller's
+    thread (at :meth:`prime` and inside ``__next__``).  Each sampled batch
+    goes to ``adapter.announce`` (stores' ``prefetch`` hooks) and its ids,
+    from ``adapter.ids``, are listed by :meth:`upcoming`.  Stage 2 runs
+    ``adapter.finish(adapter.start(batch))``, which fetches the batch's
+    features and moves it to ``device``: with ``overlap``, on a background
+    thread (and its own CUDA stream for a CUDA ``device``) while the caller
+    trains on the previous batch; without, in ``__next__``.
 
     Every thread hands the consumer either batches, the end, or the exception
     that stopped it (raised in the caller with its traceback); a thread that
     dies without doing so is noticed and reported too.  Breaking out of the
     loop, an exception, or interpreter exit closes the pipeline: threads stop,
     queues drain, and nothing hangs.
+
+    Examples
+    --------
+    >>> p = Pipeline(iter(["a", "b"]), BatchAdapter(), device="cpu", lookahead=1, sample_in_thread=False,
+    ...              overlap=False)
+    >>> list(p)
+    ['a', 'b']
     """
 
     POLL = 0.1  # seconds between checks of the stop flag while blocked
 
-    def __init__(self, batches, *, start, finish, device, lookahead, sample_in_thread, overlap, announce=None,
-                 ids_of=None, on_done=None):
+    def __init__(self, batches, adapter, *, device, lookahead, sample_in_thread, overlap):
+        if not isinstance(adapter, BatchAdapter):
+            raise TypeError(f"adapter must be a BatchAdapter, not {type(adapter).__name__}")
         self._it = batches
-        self._start_fetch = start
-        self._finish_fetch = finish
-        self._announce = announce
-        self._ids_of = ids_of or (lambda batch: None)
-        self._on_done = on_done  # called with the stats once the epoch ends normally
+        self._adapter = adapter
+        self._auto = None
+        if isinstance(lookahead, AutoLookahead):
+            self._auto, lookahead = lookahead, lookahead.begin(adapter.stores())
         self._device = torch.device(device)
         self._lookahead = lookahead
         self._stop = threading.Event()
@@ -277,10 +334,9 @@ class Pipeline:
                 self._changed.notify_all()
             return False
         self.stats["sample_s"] += time.perf_counter() - t0
-        if self._announce is not None:
-            self._announce(batch)
+        self._adapter.announce(batch)
         with self._changed:
-            self._upcoming.append(self._ids_of(batch))
+            self._upcoming.append(self._adapter.ids(batch))
             self._changed.notify_all()
         return self._put(self._sampled, batch)
 
@@ -314,7 +370,7 @@ class Pipeline:
         """Fetch a sampled batch's features and move it to the device (on ``stream`` for CUDA)."""
         t0 = time.perf_counter()
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            batch = self._finish_fetch(self._start_fetch(batch))
+            batch = self._adapter.finish(self._adapter.start(batch))
             event = stream.record_event() if stream is not None else None
         self.stats["gather_s"] += time.perf_counter() - t0
         return batch, event
@@ -366,9 +422,9 @@ class Pipeline:
         self.stats["wait_s"] += time.perf_counter() - t0
         if item is _DONE:
             self.close()
-            if self._on_done is not None:
-                done, self._on_done = self._on_done, None
-                done(self.stats)
+            if self._auto is not None:  # the epoch ended normally: the next one's L from its stage times
+                auto, self._auto = self._auto, None
+                auto.end(self._adapter.stores(), self.stats)
             raise StopIteration
         if isinstance(item, _Failure):
             self.close()
@@ -417,6 +473,13 @@ class Epoch:
     (``break`` out of the loop) closes its pipeline; ``close()`` does so
     explicitly.  ``stats`` has the seconds spent sampling (``sample_s``),
     gathering (``gather_s``) and waiting in ``__next__`` (``wait_s``).
+
+    Examples
+    --------
+    >>> epoch = Epoch(Pipeline(iter([1, 2]), BatchAdapter(), device="cpu", lookahead=2, sample_in_thread=False,
+    ...                        overlap=False))
+    >>> epoch.upcoming(), list(epoch), epoch.stats["batches"]
+    ([], [1, 2], 2)
     """
 
     def __init__(self, pipeline):

@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # One entry point for a fresh machine:
 #   bash scripts/dev.sh main [--pyg] [train options]  set up a lane, then train on a generated dataset
-#   bash scripts/dev.sh test [pytest options]         set up both lanes, then lint and run every test lane
+#   bash scripts/dev.sh test [pytest options]         set up both lanes and the docs tools, then lint, build the
+#                                                     docs (mkdocs build --strict) and run every test lane
 #
 # Two lanes, because DGL's last wheels load only on torch 2.2.1 and PyG 2.8 wants torch 2.9-2.12:
 #   .venv      the DGL lane: torch 2.2.1, numpy 1, CUDA 12 packages   (pip install -e .[dgl,cuda12,io,dev])
 #   .venv-pyg  the PyG lane: torch 2.12.1, numpy 2, CUDA 13 packages  (pip install -e .[pyg,cuda13,io,dev])
+# and the docs tools, without directload (mkdocstrings reads the code without importing it):
+#   .venv-docs MkDocs, Material and mkdocstrings                      (the docs extra's requirements)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3.11}
 DGL_VENV=${DIRECTLOAD_VENV:-.venv}
 PYG_VENV=${DIRECTLOAD_PYG_VENV:-.venv-pyg}
+DOCS_VENV=${DIRECTLOAD_DOCS_VENV:-.venv-docs}
 PYG_TORCH=2.12.1  # the newest torch that PyG 2.8.1 lists
 SCATTER=2.1.2
 SPARSE=0.6.18
@@ -82,6 +86,25 @@ sys.exit(0 if t.WITH_TORCH_SPARSE else 'torch_sparse does not load: PyG cannot s
     echo "pyg-$(_stamp)" > "$PYG_VENV/.directload-setup"
 }
 
+setup_docs() {
+    _ready "$DOCS_VENV" docs && return
+    echo "== setting up $DOCS_VENV, the docs tools: MkDocs, Material, mkdocstrings (under a minute) =="
+    _venv "$DOCS_VENV"
+    local reqs
+    mapfile -t reqs < <("$PY" scripts/extras.py docs)
+    "$DOCS_VENV/bin/python" -m pip install --quiet "${reqs[@]}"
+    "$DOCS_VENV/bin/python" -m pip check
+    echo "docs-$(_stamp)" > "$DOCS_VENV/.directload-setup"
+}
+
+_build_docs() {  # the site into a temporary directory, removed however the build ends; strict: any warning fails
+    local site status=0
+    site=$(mktemp -d)
+    NO_MKDOCS_2_WARNING=1 "$DOCS_VENV/bin/mkdocs" build --strict --site-dir "$site" || status=$?
+    rm -rf "$site"
+    return "$status"
+}
+
 _lint_imports() {  # import-linter on a copy of the tree laid out as installed (kernels/, loaders/ inside)
     "$DGL_VENV/bin/python" scripts/lint_imports.py
 }
@@ -91,6 +114,8 @@ run_tests() {
     "$DGL_VENV/bin/ruff" check .
     echo "== layers: imports flow one way (import-linter, .importlinter) =="
     _lint_imports
+    echo "== docs: mkdocs build --strict =="
+    _build_docs
     echo "== DGL lane (torch 2.2.1): CPU, host emulation, offline compiles, DGL =="
     DIRECTLOAD_LANE=dgl "$DGL_VENV/bin/pytest" "$@"
     echo "== PyG lane (torch $PYG_TORCH): CPU, host emulation, offline compiles, PyG =="
@@ -115,6 +140,7 @@ case "${1:-}" in
         shift
         setup_dgl
         setup_pyg
+        setup_docs
         run_tests "$@"
         ;;
     *)

@@ -1,8 +1,10 @@
 """Count the moves between the package's files that one batch makes, from a trace of calls (sys.setprofile).
 
 A move is a step of the trace (a call or a return) that leaves one of the package's files for another; a
-move *back* enters a file the trip had already left.  Two trips, each traced after a warm-up, so that
-first-use work (imports, kernel loads, thread starts) is not counted:
+move *back* enters a file the trip had already left.  Every thread the trip runs on is traced (the caller's
+and the threads the trip started, such as a cache's readers), each thread's path counted on its own and
+the counts added.  Two trips, each traced after a warm-up, so that first-use work (imports, kernel loads,
+thread starts) is not counted:
 
 * ``dgl``: one batch from DGL's sampler through directload's DataLoader to the CPU gather (DGL lane);
 * ``tiered``: one read through a TieredStore (device cache -> host cache -> TensorStore).
@@ -12,6 +14,8 @@ Prints each trip's moves, moves back and files, and with ``--path`` the files in
 
 import argparse
 import sys
+import threading
+from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -28,22 +32,55 @@ def _ours(filename):
     return None
 
 
-def trace(fn):
-    """Run ``fn()`` under a profiler on this thread; the package files the trace stood in, one per step."""
-    steps = []
+class Tracer:
+    """A profiler on this thread and on every thread started while it is installed (``with Tracer()``), that
+    records the package files each thread stands in, one per step, only inside :meth:`record`."""
 
-    def profile(frame, event, arg):
-        if event in ("call", "return"):
+    def __init__(self):
+        self.steps = defaultdict(list)  # thread ident -> files
+        self._on = False
+
+    def _profile(self, frame, event, arg):
+        if self._on and event in ("call", "return"):
             name = _ours(frame.f_code.co_filename)
             if name is not None:
-                steps.append(name)
+                self.steps[threading.get_ident()].append(name)
 
-    sys.setprofile(profile)
-    try:
-        fn()
-    finally:
+    def __enter__(self):
+        sys.setprofile(self._profile)
+        threading.setprofile(self._profile)
+        return self
+
+    def __exit__(self, *exc):
         sys.setprofile(None)
-    return steps
+        threading.setprofile(None)
+
+    def record(self, fn):
+        self._on = True
+        try:
+            fn()
+        finally:
+            self._on = False
+
+
+def trace(fn):
+    """Run ``fn()`` under a profiler on this thread; the package files the trace stood in, one per step."""
+    with Tracer() as t:
+        t.record(fn)
+    return t.steps[threading.get_ident()]
+
+
+def trip_moves(steps_by_thread):
+    """``(moves, moves back, files, threads, paths)`` of a trip over several threads: each thread's path
+    counted on its own, the counts added."""
+    total = back = 0
+    files, paths = {}, []
+    for steps in steps_by_thread.values():
+        n, b, f, path = moves(steps)
+        total, back = total + n, back + b
+        files.update(dict.fromkeys(f))
+        paths.append(path)
+    return total, back, list(files), len(paths), paths
 
 
 def moves(steps):
@@ -102,16 +139,19 @@ def main(argv=None):
     unknown = [t for t in args.trips if t not in TRIPS]
     if unknown:
         p.error(f"no trip {unknown[0]!r}: one of {', '.join(sorted(TRIPS))}")
-    print(f"{'trip':<8} {'moves':>6} {'back':>6} {'files':>6}")
+    print(f"{'trip':<8} {'moves':>6} {'back':>6} {'files':>6} {'threads':>8}")
     for name in args.trips or sorted(TRIPS):
-        run, close = TRIPS[name]()
-        try:
-            n, back, files, path = moves(trace(run))
-        finally:
-            close()
-        print(f"{name:<8} {n:>6} {back:>6} {len(files):>6}")
+        with Tracer() as tracer:  # installed first: threads the trip starts are traced too
+            run, close = TRIPS[name]()
+            try:
+                tracer.record(run)
+            finally:
+                close()
+        n, back, files, threads, paths = trip_moves(tracer.steps)
+        print(f"{name:<8} {n:>6} {back:>6} {len(files):>6} {threads:>8}")
         if args.path:
-            print("   " + " -> ".join(path))
+            for path in paths:
+                print("   " + " -> ".join(path))
     return 0
 
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 from conftest import frameworks
 
-from directload.cli import build_parser, main, report_name
+from directload.harness.cli import build_parser, main, report_name
 
 
 def _run(*args, cwd=None, input=None):
@@ -161,7 +161,7 @@ def test_every_help_of_every_command_prints():
 
 HELP_OF_EVERY_BENCHMARK = """
 import contextlib, io, runpy, sys
-from directload.cli import _BENCH, _SOURCE_TREE
+from directload.harness.cli import _BENCH, _SOURCE_TREE
 failed = []
 for which, script in sorted(_BENCH.items()):
     sys.argv = [script, "--help"]

@@ -11,8 +11,15 @@ import time
 
 import pytest
 
-from directload.cli import main
-from directload.memcap import MemoryCapExceeded, _anonymous_rss, _controller, check_limit, parse_limit, run_capped
+from directload.harness.cli import main
+from directload.harness.memcap import (
+    MemoryCapExceeded,
+    _anonymous_rss,
+    _controller,
+    check_limit,
+    parse_limit,
+    run_capped,
+)
 
 needs_cgroup = pytest.mark.skipif(os.geteuid() != 0 or _controller()[0] is None,
                                   reason="needs root and a memory cgroup controller")
@@ -58,8 +65,8 @@ def guarded(limit, child, grace_s=None, preexec=_default_signals):
     dispositions ``preexec`` sets (default ones: a test run in the background would have SIGINT ignored)."""
     code = textwrap.dedent(f"""
         import sys
-        import directload.memcap as memcap
-        from directload.memcap import MemoryCapExceeded, run_capped
+        import directload.harness.memcap as memcap
+        from directload.harness.memcap import MemoryCapExceeded, run_capped
         if {grace_s!r} is not None:
             memcap._GRACE_S = {grace_s!r}
         try:
@@ -132,7 +139,7 @@ def test_a_signal_the_guardian_was_started_ignoring_stays_ignored():
 @needs_cgroup
 def test_the_cgroup_of_a_killed_guardian_is_swept_by_the_next_run():
     before = ours()
-    child = ("from directload.memcap import enter_capped_child; enter_capped_child(); import os, time; "
+    child = ("from directload.harness.memcap import enter_capped_child; enter_capped_child(); import os, time; "
              "print(os.getpid(), flush=True); time.sleep(120)")
     proc = guarded(limit_for_tests(), child)
     pid = int(proc.stdout.readline())

@@ -35,11 +35,35 @@ GRAPH_CACHE = "directload-graph.npz"
 
 
 class IncompleteDatasetError(FileNotFoundError):
-    """A dataset directory lacks files it needs (an interrupted or partial generation, or a copy)."""
+    """A dataset directory lacks files it needs (an interrupted or partial generation, or a copy).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from directload.datasets import load, synthesize
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> path = synthesize(tmp.name, "synth-tiny", progress=False)
+    >>> (path / "raw" / "node-label.npz").unlink()  # a copy that lost a file
+    >>> try:
+    ...     load(tmp.name, "synth-tiny")
+    ... except IncompleteDatasetError as exc:
+    ...     print(str(exc).split(";")[0].split(" is ")[1])
+    incomplete (missing raw/node-label.npz)
+    >>> tmp.cleanup()
+    """
 
 
 class SplitIndexError(CorruptFileError, IndexError):
-    """A split names node ids outside the graph."""
+    """A split names node ids outside the graph.
+
+    It is both a :class:`~directload.files.CorruptFileError` (the files disagree) and an ``IndexError``
+    (the ids are out of range), so either ``except`` catches it.
+
+    Examples
+    --------
+    >>> issubclass(SplitIndexError, IndexError), issubclass(SplitIndexError, ValueError)
+    (True, True)
+    """
 
 
 @dataclass
@@ -60,6 +84,19 @@ class Dataset:
     split : dict
         ``{"train", "valid", "test"}`` -> int64 node ids.
     num_classes : int
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from directload.datasets import load, synthesize
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> _ = synthesize(tmp.name, "synth-tiny", progress=False)
+    >>> ds = load(tmp.name, "synth-tiny")
+    >>> tuple(ds.feat.shape), ds.labels.dtype, sorted(ds.split)
+    ((3000, 32), torch.int64, ['test', 'train', 'valid'])
+    >>> ds.edge_index.shape[0] == 2 and ds.num_edges == ds.edge_index.shape[1]
+    True
+    >>> ds.feat.close(); tmp.cleanup()
     """
 
     name: str

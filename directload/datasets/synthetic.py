@@ -73,6 +73,16 @@ class SynthConfig:
     seed : int
     chunk_nodes : int
         Nodes generated per chunk (bounds memory).
+
+    Examples
+    --------
+    >>> cfg = SynthConfig(num_nodes=500, avg_degree=4, num_feats=8, num_classes=3)
+    >>> cfg.homophily, cfg.feat_dtype
+    (0.7, 'float32')
+    >>> SynthConfig(num_classes=1)
+    Traceback (most recent call last):
+    ...
+    ValueError: num_classes must be an integer >= 2, got 1
     """
 
     num_nodes: int = 100_000

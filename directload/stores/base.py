@@ -18,10 +18,32 @@ import torch
 
 from directload.capabilities import usable_device
 from directload.kernels.devices import HOST, read_devices
-from directload.kernels.operands import out_of_range
+from directload.kernels.operands import memory_span, out_of_range, overlaps
 from directload.unified import ClosedError
 
-__all__ = ["FeatureStore", "ReadFuture", "read_devices", "check_table", "ClosedError"]
+from .records import Staged, Stats
+
+__all__ = ["FeatureStore", "ReadFuture", "read_devices", "check_table", "ClosedError", "deliver"]
+
+
+def deliver(rows, out, device):
+    """``rows`` as a read returns them: written into ``out`` when given (unless they are ``out`` already),
+    else on ``device`` (moved there if they are elsewhere).  The one place a read's result is placed.
+
+    Examples
+    --------
+    >>> rows = torch.ones(2, 3)
+    >>> deliver(rows, None, torch.device("cpu")) is rows
+    True
+    >>> out = torch.zeros(2, 3)
+    >>> deliver(rows, out, torch.device("cpu")) is out, out.sum().item()
+    (True, 6.0)
+    """
+    if out is not None:
+        if out.data_ptr() != rows.data_ptr():
+            out.copy_(rows)
+        return out
+    return rows if rows.device == device else rows.to(device)
 
 
 class ReadFuture:
@@ -31,6 +53,12 @@ class ReadFuture:
     until the read is done, then returns the same tensor (or raises the same
     exception) each time.  A failure on a background thread always reaches the
     caller here: nothing is swallowed.
+
+    Examples
+    --------
+    >>> f = ReadFuture(result=torch.ones(2))
+    >>> f.done(), f.wait().tolist()
+    (True, [1.0, 1.0])
     """
 
     def __init__(self, run=None, *, future=None, result=None, done=None):
@@ -175,12 +203,22 @@ class FeatureStore:
       ``ValueError``, ids outside ``[0, num_rows)`` raise ``IndexError`` and a
       wrong ``out`` raises ``ValueError``, all before any read starts.  I/O
       errors raise from ``wait()``.
+
+    Examples
+    --------
+    >>> from directload.stores import TensorStore
+    >>> store = TensorStore(torch.arange(6.0).view(3, 2))
+    >>> isinstance(store, FeatureStore), store.shape, store.read([2]).tolist()
+    (True, (3, 2), [[4.0, 5.0]])
     """
 
     #: What holds the rows, as :func:`directload.kernels.devices.memory_of` says it: ``"host"``
     #: (pageable memory, and files read through a host staging buffer), ``"mapped"`` (pinned,
     #: GPU-mapped host memory) or the ``torch.device`` of the GPU memory that holds them.
     memory = HOST
+
+    #: The name :meth:`stats` reports this store's counters under.
+    tier = "store"
 
     def __init__(self):
         self._closed = False
@@ -233,22 +271,43 @@ class FeatureStore:
         """The rows at ``ids``: exactly ``read_async(ids, out=out, device=device).wait()``."""
         return self.read_async(ids, out=out, device=device).wait()
 
-    def _stage(self, rows, take):
-        """The rows at ``rows`` (distinct, in range, int64 numpy) as a flat tier for a cache's fused gather:
-        ``(flat, offsets)``, a 1-D tensor of this store's dtype in host memory and each row's element
-        offset in it.  ``take(nbytes)`` gives a buffer the caller owns (page-aligned, pinned where CUDA
-        runs) that stays untouched until the caller's gather is done.
+    def stage(self, ids, into, *, mapped=False):
+        """The tier contract: the rows at ``ids`` as a flat tier for the fused gather of a cache in front of
+        this store.  Returns a :class:`~directload.stores.records.Staged` (``flat``, ``offsets``).
 
-        The default reads the rows into that buffer; stores whose rows already sit in host memory (a
-        tensor) or that land them there anyway (a disk's staging) override it to skip the copy.
+        ``into`` is a :class:`~directload.buffers.StagingBuffer` (or any callable ``nbytes -> uint8 numpy
+        array`` of page-aligned host memory) that the caller owns and leaves untouched until its gather
+        is done; a store reads the rows into it, or, where its rows sit in host memory already (a
+        tensor), gives its own memory and no copy.  With ``mapped`` the caller's GPU reads ``flat``
+        zero-copy, so a store whose rows are not in mapped memory copies them into ``into`` (pinned
+        where CUDA runs).  The ids are checked as a read's are, before any work.
+
+        Any store that implements :meth:`_stage` (or only :meth:`_read_async`: the default stages through
+        a read) can sit under a :class:`~directload.stores.HostCache` or
+        :class:`~directload.stores.DeviceCache`.
         """
+        self._check_open()
+        index = _as_index(ids)
+        self._check_bounds(index)
+        rows = index.cpu().numpy().astype(np.int64, copy=False)
+        return self._stage(rows, into, mapped)
+
+    def _stage(self, rows, into, mapped):
+        """Stage checked ``rows`` (int64 numpy, in range) into ``into``: a :class:`Staged`.  The default reads
+        them (:meth:`_copy_stage`); stores whose rows already sit in host memory (a tensor) or that land
+        them there anyway (a disk's staging) override it to skip the copy, giving their own memory only
+        where it is mapped when ``mapped`` asks for that."""
+        return self._copy_stage(rows, into)
+
+    def _copy_stage(self, rows, into):
+        """``rows`` read into ``into``'s buffer, one after another."""
         n, rnb = rows.shape[0], self.row_nbytes
         row_elems = int(np.prod(self.row_shape, dtype=np.int64))
         if not n * rnb:
-            return torch.zeros(0, dtype=self.dtype), np.zeros(n, np.int64)
-        buf = torch.from_numpy(take(n * rnb)[:n * rnb]).view(self.dtype)
+            return Staged(torch.zeros(0, dtype=self.dtype), np.zeros(n, np.int64))
+        buf = torch.from_numpy(into(n * rnb)[:n * rnb]).view(self.dtype)
         self.read(torch.from_numpy(rows), out=buf.view(n, *self.row_shape), device="cpu")
-        return buf, np.arange(n, dtype=np.int64) * row_elems
+        return Staged(buf, np.arange(n, dtype=np.int64) * row_elems)
 
     def hot_ids(self):
         """The row ids most worth caching, most wanted first, where the store knows them (a disk store
@@ -279,6 +338,25 @@ class FeatureStore:
 
     def _prefetch(self, index):
         """Act on checked prefetch ids (1-D int32/int64, in range); the default does nothing."""
+
+    # ------------------------------------------------------------- counters
+    def stats(self):
+        """This store's counters since it opened (or :meth:`reset_stats`): a
+        :class:`~directload.stores.records.Stats` mapping (a :class:`~directload.stores.records.CacheStats`
+        for a cache, a :class:`~directload.stores.records.TieredStats` of every tier for a tiered store).
+        A store that counts nothing gives an empty record."""
+        return Stats(self.tier, self._counters())
+
+    def reset_stats(self):
+        """Start every counter of this store (and of the tiers behind it) from zero."""
+        self._reset_counters()
+
+    def _counters(self):
+        """The counters, a dict; the default counts nothing."""
+        return {}
+
+    def _reset_counters(self):
+        """Zero the counters; the default has none."""
 
     # -------------------------------------------------------------- lifetime
     @property
@@ -348,9 +426,9 @@ class FeatureStore:
             raise ValueError("out is an inference tensor and cannot be written in place outside inference mode "
                              "(as torch refuses it); read into a normal tensor, or read inside torch.inference_mode()")
         if out.numel():
-            span = _span(out)
+            span = memory_span(out)
             for mine in self._own_memory():
-                if _overlap(span, _storage_span(mine)):
+                if overlaps(span, memory_span(mine, whole=True)):
                     raise ValueError(f"out shares memory with {self!r}'s own rows: a read cannot write where it "
                                      "reads; pass a separate out")
 
@@ -358,27 +436,6 @@ class FeatureStore:
         """Tensors (or arrays) whose memory the store reads rows from or keeps them in, which no ``out`` may
         overlap: a tensor store's table, a cache's slots."""
         return ()
-
-
-def _span(t):
-    """``[first, end)`` byte addresses of a contiguous tensor's elements."""
-    start = t.data_ptr()
-    return start, start + t.numel() * t.element_size()
-
-
-def _storage_span(t):
-    """``[first, end)`` byte addresses of all the memory under a tensor or array (its whole storage)."""
-    if isinstance(t, np.ndarray):
-        base = t
-        while isinstance(base.base, np.ndarray):
-            base = base.base
-        return base.ctypes.data, base.ctypes.data + base.nbytes
-    storage = t.untyped_storage()
-    return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
-
-
-def _overlap(a, b):
-    return a[0] < b[1] and b[0] < a[1] and a[0] != a[1] and b[0] != b[1]
 
 
 def _bump_version(t):

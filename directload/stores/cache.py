@@ -22,39 +22,43 @@ import copy
 import os
 import threading
 import time
-from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from directload import memory
-from directload.kernels.carriers import ELEMENT_SIZES
-from directload.kernels.devices import MAPPED, memory_of
+from directload.buffers import StagingBuffer
+from directload.kernels.devices import memory_of
 from directload.kernels.indexing import LINE
+from directload.kernels.operands import row_words
 from directload.kernels.pcie_model import row_min_lines
 from directload.kernels.tiered import fill_slots, flat_where, gather_tiered
 from directload.units import check_bytes
 
-from .base import FeatureStore, ReadFuture, _as_index
+from . import warming as _warming_rounds
+from .base import FeatureStore, ReadFuture, _as_index, deliver
 from .policies import POLICIES, LookAhead, Policy
+from .readahead import Announced, Worker
+from .records import CacheStats, Staged
+from .slots import CACHED, INFLIGHT, KEPT, NONE, READING, STAGED, SlotTable
+from .warming import Warming
 
 __all__ = ["Cache", "HostCache", "DeviceCache", "make_policy", "POLICY_NAMES"]
 
 #: Policy names a cache takes (or pass a Policy, or a callable ``capacity -> Policy``).
 POLICY_NAMES = ("lookahead", *POLICIES)
 
-_FREE, _CACHED, _STAGED, _INFLIGHT = 0, 1, 2, 3
-_AHEAD_MAX = 256  # announced batches remembered at most (a loader that stops reading cannot grow it)
 # The read-ahead reads at most this much between checks for demand.  Measured on synth-ooc's first epoch:
 # 4 MiB chunks read 40% fewer rows ahead than 16 MiB (more per-chunk overhead, so demand reads caught up);
 # 16 MiB keeps a demand read's wait for the chunk in flight near 50 ms on this disk.
 _CHUNK_BYTES = 16 << 20
-_MATCH_SCAN = 16  # announced batches a read is compared with
-_PAGE = 4096
-# warm() reads this much per round: a packed file's hot rows are contiguous, so a round is a few hundred
-# merged 128 KiB reads, and it fits a disk store's one-round staging (64 MiB by default).
-_WARM_BYTES = 32 << 20
+_POOLED = 4  # demand buffers kept for reuse (one per reader in flight; more readers allocate their own)
+_READERS = 4  # threads that run a cache's reads (each read is one task; readers of one cache may overlap)
+_COUNTERS = ("reads", "rows", "hit_rows", "staged_rows", "miss_rows", "passthrough_rows", "prefetched_rows",
+             "forwarded_rows", "inflight_waits", "batches_over_capacity", "demand_bytes", "prefetch_bytes", "read_s",
+             "wait_s", "fallback_s", "policy_s", "ahead_s", "pcie_lines", "warmed_rows", "warm_s")
 
 
 def make_policy(policy, capacity):
@@ -86,34 +90,19 @@ def _miss_index(miss, inv):
     return rank[inv[out_miss]]
 
 
-def _page_aligned(nbytes):
-    """``nbytes`` of host memory starting on a page (O_DIRECT reads land in it): pinned where CUDA runs."""
-    raw = memory.host_array(memory.allocate(nbytes + _PAGE, pin="auto"))
-    start = (-raw.ctypes.data) % _PAGE
-    return raw[start:start + nbytes]
-
-
-class _Staging:
-    """A buffer a fallback reads rows into (a ``take`` for :meth:`FeatureStore._stage`): page-aligned,
-    pinned where CUDA runs, grown at least twofold, never shrunk.  One per reader at a time."""
-
-    def __init__(self):
-        self.array = None
-
-    def __call__(self, nbytes):
-        if self.array is None or self.array.nbytes < nbytes:
-            old = 0 if self.array is None else self.array.nbytes
-            self.array = None  # the old buffer goes before the new one is allocated
-            self.array = _page_aligned(max(nbytes, 2 * old, 1 << 16))
-        return self.array
-
-
-_POOLED = 4  # demand buffers kept for reuse (one per reader in flight; more readers allocate their own)
-
-
 class Cache(FeatureStore):
     """A cache in front of ``fallback``; see the module's docstring.  Use :class:`HostCache` or
     :class:`DeviceCache`.
+
+    A read is four steps, each a method: :meth:`_query` (under the lock: which rows are in slots, what the
+    policy keeps and evicts), :meth:`_stage_misses` (without the lock: the fallback stages the rest,
+    through the public tier contract, :meth:`FeatureStore.stage`), :meth:`_gather` (one fused gather from
+    slots and staging into the result) and :meth:`_admit` (under the lock: the kept misses move into
+    slots).  The slots are a :class:`~directload.stores.slots.SlotTable`, the announced batches an
+    :class:`~directload.stores.readahead.Announced` queue read ahead by a
+    :class:`~directload.stores.readahead.Worker`, and :meth:`warm` runs
+    :class:`~directload.stores.warming.Warming` rounds.  Reads run on the cache's reader threads, so
+    ``read_async`` returns at once and a caller overlaps them with its own work.
 
     Parameters
     ----------
@@ -127,6 +116,13 @@ class Cache(FeatureStore):
     staging_bytes : int
         Bytes of slots for rows read ahead (0: no read-ahead; the hints still reach the policy and
         the fallback).
+
+    Examples
+    --------
+    >>> from directload.stores import TensorStore
+    >>> cache = HostCache(TensorStore(torch.arange(8.0).view(4, 2)), capacity_bytes=16)
+    >>> isinstance(cache, Cache), cache.capacity_rows, cache.read([1]).tolist()
+    (True, 2, [[2.0, 3.0]])
     """
 
     tier = "cache"
@@ -139,77 +135,53 @@ class Cache(FeatureStore):
         capacity_bytes = check_bytes("capacity_bytes", capacity_bytes)
         staging_bytes = check_bytes("staging_bytes", staging_bytes)
         self.fallback = fallback
-        rnb, n = fallback.row_nbytes, fallback.num_rows
+        # The fallback's shape, read once: its rows must not change while the cache is open.
+        self._num_rows, self._row_shape, self._dtype = fallback.num_rows, tuple(fallback.row_shape), fallback.dtype
+        self._row_nbytes = rnb = fallback.row_nbytes
+        n = self._num_rows
         self.capacity_rows = min(n, capacity_bytes // rnb) if rnb else 0
         self.staging_rows = min(n, staging_bytes // rnb) if rnb else 0
         self.policy = make_policy(policy, self.capacity_rows)
+        # Slots hold rows in the words the kernels move (complex128 rows as their bytes, in 8-byte words).
+        self._words = row_words(fallback.dtype, fallback.row_shape)
         self._row_elems = int(np.prod(fallback.row_shape, dtype=np.int64))
         slots = self.capacity_rows + self.staging_rows
-        # Slots hold rows in the dtype the kernels move (1, 2, 4 or 8-byte elements); rows of wider
-        # elements (complex128) are kept, staged and gathered as their bytes, in 8-byte (or 1-byte) words.
-        elem = torch.empty(0, dtype=fallback.dtype).element_size()
-        self._carrier = None
-        self._ratio = 1
-        self._slot_dtype, self._slot_shape = fallback.dtype, tuple(fallback.row_shape)
-        if elem not in ELEMENT_SIZES:
-            self._carrier = torch.int64 if elem % 8 == 0 else torch.uint8
-            self._ratio = elem // torch.empty(0, dtype=self._carrier).element_size()
-            self._slot_dtype, self._slot_shape = self._carrier, (rnb // (elem // self._ratio),)
         self._rows = self._allocate(slots)
-        self._slot = np.full(n, -1, np.int32 if slots < 2 ** 31 else np.int64)  # row -> slot
-        self._until = np.full(n, -1, np.int64)  # row -> last announced batch that reads it
-        self._kind = np.zeros(slots, np.int8)
-        self._staged_for = np.full(slots, -1, np.int64)  # slot -> the batch it was read ahead for (-2: kept)
-        self._pinned = np.zeros(slots, np.int32)  # readers reading each slot while they wait for I/O
-        self._deferred = []  # slots freed while pinned: free once no reader holds them
-        self._free = list(range(slots - 1, -1, -1))
+        self._table = SlotTable(n, slots)
+        self._announced = Announced(n)
         self._lock = threading.Condition()
-        self._ahead = deque()  # (batch number, distinct ids) announced and not yet read
-        self._announced = 0
         self._batch = 0  # reads matched to announced batches so far (the policy's clock)
-        self._demand = 0  # demand reads waiting: the prefetch thread yields to them
+        self._demand = 0  # demand reads waiting: the read-ahead and the warming rounds yield to them
         self._error = None
-        self._warmer = None
-        self._warming = False  # one warm at a time
+        self._warming = None  # the Warming running, one at a time
         self._takes = []  # demand buffers not in use: each read with misses takes one while it reads
-        self._ahead_take = _Staging()  # the read-ahead thread's own
-        self._stats = dict.fromkeys(("reads", "rows", "hit_rows", "staged_rows", "miss_rows", "passthrough_rows",
-                                     "prefetched_rows", "forwarded_rows", "inflight_waits", "batches_over_capacity",
-                                     "demand_bytes", "prefetch_bytes", "read_s", "wait_s", "fallback_s",
-                                     "policy_s", "ahead_s", "pcie_lines", "warmed_rows", "warm_s"), 0)
-        self._thread = None
+        self._ahead_take = StagingBuffer()  # the read-ahead thread's own
+        self._stats = dict.fromkeys(_COUNTERS, 0)
+        self._reader = self._ahead = None
+        self._submit_lock = threading.Lock()
         self._pid = os.getpid()
-        self._start_reader()
+        self._start_threads()
 
-    def _start_reader(self):
-        """The read-ahead thread of this process (none without staging slots)."""
+    def _start_threads(self):
+        """This process's read-ahead thread (none without staging slots); reader threads start with reads."""
+        self._reader = ThreadPoolExecutor(_READERS, thread_name_prefix=f"directload-{self.tier}-read")
         if self.staging_rows:
-            self._thread = threading.Thread(target=self._prefetch_loop, name=f"directload-{self.tier}-prefetch",
-                                            daemon=True)
-            self._thread.start()
+            self._ahead = Worker(f"directload-{self.tier}-prefetch", self._lock, self._next_task, self._read_ahead,
+                                 stopped=lambda: self._closed,
+                                 on_error=lambda exc: self._fail(exc, "read-ahead thread"))
 
     def _after_fork(self):
-        """A forked child keeps the cached rows and nothing else: the parent's read-ahead and warm threads
-        did not come along (their slots would wait for ever), nor the reads in flight on its threads,
-        and its announced batches are its loader's, not the child's.  Fresh locks; the read-ahead
-        thread starts again at the child's first hint or read."""
+        """A forked child keeps the cached rows and nothing else: the parent's threads did not come along
+        (their slots would wait for ever), nor the reads in flight on them, and its announced batches are
+        its loader's, not the child's.  Fresh locks; the threads start again at the child's first use."""
         self._lock = threading.Condition()
-        keep = self._kind == _CACHED
-        mapped = self._slot >= 0
-        drop = np.zeros(self._slot.shape[0], np.bool_)
-        drop[mapped] = ~keep[self._slot[mapped]]
-        self._slot[drop | (self._slot == -2)] = -1  # rows of dropped slots, and demand reads in flight
-        self._kind[~keep] = _FREE
-        self._staged_for[:] = -1
-        self._until[:] = -1
-        self._pinned[:] = 0
-        self._deferred = []
-        self._free = np.flatnonzero(~keep)[::-1].tolist()
-        self._ahead.clear()
+        self._submit_lock = threading.Lock()
+        self._table.keep_cached_only()
+        self._announced.clear()
         self._demand = 0
-        self._warming, self._warmer, self._thread = False, None, None
-        self._takes, self._ahead_take = [], _Staging()
-        self._pid = None  # the reader starts at the first use
+        self._warming, self._reader, self._ahead = None, None, None
+        self._takes, self._ahead_take = [], StagingBuffer()
+        self._pid = None  # the threads start at the first use
 
     def _this_process(self):
         if self._pid != os.getpid():
@@ -217,20 +189,24 @@ class Cache(FeatureStore):
                 if self._pid != os.getpid():
                     self._pid = os.getpid()
                     if not self._closed:
-                        self._start_reader()
+                        self._start_threads()
 
     # ---------------------------------------------------------------- shape
     @property
     def num_rows(self):
-        return self.fallback.num_rows
+        return self._num_rows
 
     @property
     def row_shape(self):
-        return self.fallback.row_shape
+        return self._row_shape
 
     @property
     def dtype(self):
-        return self.fallback.dtype
+        return self._dtype
+
+    @property
+    def row_nbytes(self):
+        return self._row_nbytes
 
     @property
     def memory(self):
@@ -252,20 +228,23 @@ class Cache(FeatureStore):
         rows = np.unique(index.cpu().numpy().astype(np.int64, copy=False))
         with self._lock:
             self._raise_failure()
-            j = self._announced
-            self._announced += 1
-            self._ahead.append((j, rows))
-            while len(self._ahead) > _AHEAD_MAX:
-                self._drop(self._ahead.popleft())
-            self._until[rows] = np.maximum(self._until[rows], j)
-            absent = rows[self._slot[rows] < 0]
+            _, dropped = self._announced.add(rows)
+            for entry in dropped:
+                self._release(self._announced.forget(entry))
+            absent = rows[self._table.slot[rows] < 0]
             self._lock.notify_all()
         self.fallback.prefetch(absent)
 
     def hot_ids(self):
         return self.fallback.hot_ids()
 
-    def warm(self, ids=None, *, background=False, progress=False, _after=None):
+    @property
+    def warming(self):
+        """The :class:`~directload.stores.warming.Warming` running (a background :meth:`warm`), or None."""
+        w = self._warming
+        return w if w is not None and w.alive() else None
+
+    def warm(self, ids=None, *, background=False, progress=False, after=None):
         """Fill the cache's free room with the rows ``ids``, most wanted first, before or while training:
         G10's eager prefetch "as soon as space allows", demand first, with Sentinel's packing.
 
@@ -276,8 +255,9 @@ class Cache(FeatureStore):
         (:meth:`~directload.stores.policies.Policy.warm`) at once, and they are read in rounds of 32 MiB,
         each round's slots claimed as it starts.  Reads of other threads go first (a round waits while
         one waits) and find a row either cached or read on demand, never waiting for more than the round
-        in flight.  With ``background`` the rounds run on a thread of their own and this returns at once;
-        a failure there reaches the next read, and :meth:`close` stops it between rounds.
+        in flight.  With ``background`` the rounds run on a thread of their own and this returns at once
+        (after ``after``, another cache's :attr:`warming`, has ended, when given); a failure there reaches
+        the next read, and :meth:`close` stops it between rounds.
 
         Returns the number of rows admitted (read in, unless a read on demand took them first or
         ``background``: ``stats()["warmed_rows"]`` counts those read in).
@@ -286,28 +266,36 @@ class Cache(FeatureStore):
         index = _as_index(self._warm_ids(ids))
         self._check_bounds(index)
         ids = self._warm_candidates(index.cpu().numpy().astype(np.int64, copy=False))
+        t = self._table
         with self._lock:
             self._raise_failure()
-            if self._warming:
+            if self._warming is not None:
                 raise RuntimeError(f"the {self.tier} cache is warming already: one warm at a time")
-            want = ids[self._slot[ids] == -1]
-            want = want[:max(0, self.capacity_rows - int(np.count_nonzero(self._kind == _CACHED)))]
+            want = ids[t.slot[ids] == NONE]
+            want = want[:max(0, self.capacity_rows - t.count(CACHED))]
             keep = self.policy.warm(want)  # at once, so the policy's order among them is the one given
             self._evict(np.unique(self.policy.take_evicted()))  # none while it had room
             rows = want[keep]
-            self._warming = True
+            take = StagingBuffer()  # its own, freed when it ends
+            self._warming = Warming(rows, round_rows=_warming_rounds.WARM_BYTES // max(self.row_nbytes, 1),
+                                    claim=self._warm_claim, fill=lambda r, s: self._fill(r, s, take),
+                                    settle=self._warm_settle, row_nbytes=self.row_nbytes, name=self.tier,
+                                    on_seconds=self._count_warm_seconds)
         if not background:
             try:
-                self._warm_rows(rows, progress)
+                self._warming.run(progress)
             finally:
-                self._warming = False
+                self._warming = None
             return int(rows.shape[0])
-        try:  # the thread clears _warming when it ends
-            self._warmer = threading.Thread(target=self._warm_thread, args=(rows, _after), daemon=True,
-                                            name=f"directload-{self.tier}-warm")
-            self._warmer.start()
+
+        def ended():
+            self._warming = None
+
+        try:
+            self._warming.start(after=after, closed=lambda: self._closed, on_end=ended,
+                                on_error=lambda exc: self._fail_locked(exc, "warm thread"))
         except BaseException:
-            self._warming = False
+            self._warming = None
             raise
         return int(rows.shape[0])
 
@@ -318,330 +306,265 @@ class Cache(FeatureStore):
         while True:
             _, first = np.unique(ids[:k], return_index=True)
             head = ids[:k][np.sort(first)]
-            if k == ids.shape[0] or np.count_nonzero(self._slot[head] == -1) >= self.capacity_rows:
+            if k == ids.shape[0] or np.count_nonzero(self._table.slot[head] == NONE) >= self.capacity_rows:
                 return head
             k = min(ids.shape[0], 4 * k)
 
-    def _warm_thread(self, rows, after):
-        try:
-            while after is not None and after.is_alive():  # a lower tier warming: its rows are this one's source
-                if self._closed:
-                    return
-                after.join(0.05)
-            self._warm_rows(rows, False)
-        except BaseException as exc:  # the consumer hears of it at its next read
-            with self._lock:
-                self._fail(exc, "warm thread")
-        finally:
-            self._warming = False
+    def _warm_claim(self, rows):
+        """A warming round starts: slots for its rows still in none that the policy keeps (after reads that
+        wait: demand first); None once the cache closed."""
+        t = self._table
+        with self._lock:
+            while self._demand and not self._closed:
+                self._lock.wait(0.05)
+            if self._closed:
+                return None
+            rows = rows[(t.slot[rows] == NONE) & self.policy.contains(rows)]
+            slots = t.claim(rows.shape[0])
+            rows = rows[:slots.shape[0]]
+            t.place(rows, slots, INFLIGHT, KEPT)  # readers wait for them; the read-ahead leaves them alone
+            return rows, slots
 
-    def _warm_rows(self, rows, progress):
-        """Read the admitted ``rows`` into slots, a round at a time; rows a reader brought in meanwhile, or
-        that the policy let go, are skipped."""
-        t0 = time.perf_counter()
-        step = max(1, _WARM_BYTES // max(self.row_nbytes, 1))
-        take = _Staging()  # its own, freed when it returns
-        try:
-            with tqdm(total=rows.shape[0] * self.row_nbytes, unit="B", unit_scale=True,
-                      desc=f"warming the {self.tier} cache", disable=not progress) as bar:
-                for a in range(0, rows.shape[0], step):
-                    with self._lock:
-                        while self._demand and not self._closed:  # demand first
-                            self._lock.wait(0.05)
-                        if self._closed:
-                            return
-                        r = rows[a:a + step]
-                        r = r[(self._slot[r] == -1) & self.policy.contains(r)]
-                        slots = np.asarray(self._claim(min(r.shape[0], len(self._free))), np.int64)
-                        r = r[:slots.shape[0]]
-                        self._slot[r] = slots
-                        self._kind[slots] = _INFLIGHT  # readers wait for them; the read-ahead leaves them alone
-                        self._staged_for[slots] = -2
-                    if r.size:
-                        self._fill(r, slots, take)
-                    with self._lock:
-                        kept = self.policy.contains(r)  # a reader's batch may have evicted some meanwhile
-                        self._kind[slots[kept]] = _CACHED
-                        self._free_slots(r[~kept], slots[~kept])
-                        self._stats["warmed_rows"] += int(kept.sum())
-                        self._lock.notify_all()
-                    bar.update(min(step, rows.shape[0] - a) * self.row_nbytes)
-        finally:
-            with self._lock:
-                self._stats["warm_s"] += time.perf_counter() - t0
+    def _warm_settle(self, rows, slots):
+        with self._lock:
+            kept = self.policy.contains(rows)  # a reader's batch may have evicted some meanwhile
+            self._table.kind[slots[kept]] = CACHED
+            self._free_slots(rows[~kept], slots[~kept])
+            self._stats["warmed_rows"] += int(kept.sum())
+            self._lock.notify_all()
 
-    def _drop(self, entry):
-        """An announced batch that will not be read (skipped): its staged rows need not wait for it."""
-        j, rows = entry
-        mine = rows[self._until[rows] == j]
-        self._until[mine] = -1
-        self._release(mine)
-
-    def _slotted(self, rows):
-        """The rows of ``rows`` that hold a slot, and their slots."""
-        s = self._slot[rows]
-        ok = s >= 0
-        return rows[ok], s[ok]
-
-    def _release(self, rows):
-        """Free the slots of staged rows of ``rows`` that no announced batch still needs."""
-        if not rows.size:
-            return
-        rows, s = self._slotted(rows)
-        gone = (self._kind[s] == _STAGED) & (self._until[rows] < self._next_unread())
-        self._free_slots(rows[gone], s[gone])
-
-    def _free_slots(self, rows, slots):
-        if not rows.size:
-            return
-        self._slot[rows] = -1
-        self._kind[slots] = _FREE
-        busy = self._pinned[slots] > 0  # a reader still copies out of it: reuse it after that
-        self._deferred.extend(slots[busy].tolist())
-        self._free.extend(slots[~busy].tolist())
-        self._lock.notify_all()
-
-    def _unpin(self, slots):
-        self._pinned[slots] -= 1  # slots of one read are distinct
-        if self._deferred:
-            done = [d for d in self._deferred if self._pinned[d] == 0]
-            if done:
-                self._deferred = [d for d in self._deferred if self._pinned[d] > 0]
-                self._free.extend(done)
-
-    def _kind_of(self, s):
-        """The kind of each slot in ``s`` (-1: no slot, read as free)."""
-        out = np.zeros(s.shape[0], np.int8)
-        has = s >= 0
-        out[has] = self._kind[s[has]]
-        return out
-
-    def _next_unread(self):
-        return self._ahead[0][0] if self._ahead else self._announced
+    def _count_warm_seconds(self, seconds):
+        with self._lock:
+            self._stats["warm_s"] += seconds
 
     # -------------------------------------------------------------- reads
     def _read_async(self, index, out, run_device, out_device):
         self._this_process()
-        ids = index.cpu().numpy().astype(np.int64, copy=False)  # read now: np.unique below makes new arrays
-        return ReadFuture(result=self._read(ids, out, run_device, out_device))
+        ids = index.cpu().numpy().astype(np.int64, copy=True)  # the caller may reuse its ids at once
+        with self._submit_lock:  # ClosedError once closed, never the executor's "cannot schedule"
+            self._check_open()
+            return ReadFuture(future=self._reader.submit(self._read, ids, out, run_device, out_device))
 
     def _read(self, ids, out, run_device, out_device):
+        """query -> stage misses -> fused gather -> admit."""
         t0 = time.perf_counter()
         uniq, inv = np.unique(ids, return_inverse=True)
         inv = inv.reshape(-1)
         with self._lock:
             self._demand += 1
             try:
-                self._raise_failure()
-                tw = time.perf_counter()
-                while True:  # rows the read-ahead thread is reading now: wait for them (forwarding)
-                    s = self._slot[uniq]
-                    inflight = (s >= 0) & (self._kind_of(s) == _INFLIGHT)
-                    if not inflight.any():
-                        break
-                    self._stats["inflight_waits"] += 1
-                    self._lock.wait(0.05)
-                    self._raise_failure()
-                self._stats["wait_s"] += time.perf_counter() - tw
-                mine = self._match(uniq)  # after the wait: rows landing for it must not be released early
-                result = self._serve(uniq, inv, s, out, run_device, out_device, mine)
+                q = self._query(uniq)
+                take = None
+                if q.miss_rows.size:
+                    # The demand's I/O runs without the lock, so the read-ahead thread goes on with later
+                    # batches (queued behind it: demand first).  Its misses are marked READING, so no one
+                    # reads them twice, and the slots it reads from are pinned, so none is freed under it.
+                    self._table.slot[q.miss_rows] = READING
+                    self._table.pin(q.held)
+                    take = self._takes.pop() if self._takes else StagingBuffer()
+                    self._demand -= 1
+                    self._lock.release()
+                    try:
+                        staged = self._stage_misses(q.miss_rows, run_device, take)
+                    finally:
+                        self._lock.acquire()
+                        self._demand += 1
+                        mark = self._table.slot[q.miss_rows] == READING  # another reader may have slotted one
+                        self._table.slot[q.miss_rows[mark]] = NONE
+                        self._table.unpin(q.held)
+                else:
+                    staged = Staged(torch.empty(0, dtype=self._words.dtype), np.empty(0, np.int64))
+                self._stats["fallback_s"] += time.perf_counter() - q.t_fallback
+                result = self._gather(q, inv, staged, out, run_device)
+                self._after_gather(q, inv, staged)
+                self._admit(q, staged)
+                self._count(q, inv)
+                if run_device.type == "cuda":
+                    torch.cuda.current_stream(run_device).synchronize()  # the staging buffer is the next read's
+                if take is not None and len(self._takes) < _POOLED:
+                    self._takes.append(take)
             finally:
                 self._demand -= 1
                 self._lock.notify_all()
         self._stats["read_s"] += time.perf_counter() - t0
-        return result
+        return deliver(result, out, out_device)
 
-    def _match(self, uniq):
-        """The announced batch this read is (its rows a subset of it), dropping the skipped ones before
-        it; None for a read no one announced."""
-        for k, (_, rows) in enumerate(self._ahead):
-            if k == _MATCH_SCAN:
+    def _query(self, uniq):
+        """Under the lock: wait for rows in flight, match the read to its announced batch, classify the
+        rows (cached, staged, missing) and let the policy see the access."""
+        st, t = self._stats, self._table
+        self._raise_failure()
+        tw = time.perf_counter()
+        while True:  # rows the read-ahead thread is reading now: wait for them (forwarding)
+            s = t.slot[uniq]
+            if not ((s >= 0) & (t.kind_of(s) == INFLIGHT)).any():
                 break
-            if not uniq.size:
-                return None
-            # a cache in front reads the rows it lacks now, a subset of what it lacked when it announced
-            # the batch, give or take the rows it evicted since: most rows in common is the match
-            if 2 * np.isin(uniq, rows, assume_unique=True).sum() > uniq.shape[0]:
-                for _ in range(k):
-                    self._drop(self._ahead.popleft())
-                return self._ahead.popleft()
-        return None
-
-    def _serve(self, uniq, inv, s, out, run_device, out_device, mine):
-        st = self._stats
-        kind = self._kind_of(s)
-        cached = (s >= 0) & (kind == _CACHED)
-        staged = (s >= 0) & (kind == _STAGED)
-        miss = s < 0
+            st["inflight_waits"] += 1
+            self._lock.wait(0.05)
+            self._raise_failure()
+        st["wait_s"] += time.perf_counter() - tw
+        mine, skipped = self._announced.match(uniq)  # after the wait: rows landing for it must stay
+        for entry in skipped:
+            self._release(self._announced.forget(entry))
+        kind = t.kind_of(s)
+        q = SimpleNamespace(uniq=uniq, s=s, mine=mine, cached=(s >= 0) & (kind == CACHED),
+                            staged=(s >= 0) & (kind == STAGED), miss=s < 0)
         if mine is not None:
-            st["forwarded_rows"] += int(np.count_nonzero(self._staged_for[s[staged]] != mine[0]))
+            st["forwarded_rows"] += int(np.count_nonzero(t.staged_for[s[q.staged]] != mine[0]))
         tp = time.perf_counter()
-        self.policy.see(self._batch, [uniq, *(rows for _, rows in self._ahead)])
+        self.policy.see(self._batch, [uniq, *(rows for _, rows in self._announced)])
         self.policy.access_distinct(uniq)
-        keep = self.policy.contains(uniq)
+        q.keep = self.policy.contains(uniq)
         evicted = np.unique(self.policy.take_evicted())  # a row may go, come back and go again in a batch
-        evicted = evicted[~self.policy.contains(evicted)]  # ... or go and come back: its slot still holds it
+        q.evicted = evicted[~self.policy.contains(evicted)]  # ... or go and come back: its slot still holds it
         st["policy_s"] += time.perf_counter() - tp
         if mine is not None:
             self._batch += 1
-        # the fused gather: rows in slots from the slot table, misses from the fallback's staging
-        miss_rows = uniq[miss]
-        tf = time.perf_counter()
-        take = None
-        if miss_rows.size:
-            # The demand's I/O runs without the lock, so the read-ahead thread goes on with later batches
-            # (queued behind it: demand first).  Its misses are marked (-2), so no one reads them twice,
-            # and the slots it reads from are pinned, so none is released under it.
-            held = s[s >= 0]
-            self._slot[miss_rows] = -2
-            self._pinned[held] += 1  # distinct slots: a plain increment (np.add.at is ten times slower)
-            # a buffer of its own until its gather is done: another reader may stage its misses meanwhile
-            take = self._takes.pop() if self._takes else _Staging()
-            self._demand -= 1
-            self._lock.release()
-            try:
-                flat, offs = self._stage_misses(miss_rows, run_device, take)
-            finally:
-                self._lock.acquire()
-                self._demand += 1
-                mark = self._slot[miss_rows] == -2  # another reader may have given one a slot meanwhile
-                self._slot[miss_rows[mark]] = -1
-                self._unpin(held)
-        else:
-            flat, offs = torch.empty(0, dtype=self._slot_dtype), np.empty(0, np.int64)
-        st["fallback_s"] += time.perf_counter() - tf
-        where_u = np.where(s >= 0, s, 0).astype(np.int64)
-        where_u[miss] = flat_where(offs)
-        where = torch.from_numpy(where_u[inv]).to(run_device)
-        direct = out if out is not None and out.device == run_device else None
-        if self._carrier is None:
-            result = gather_tiered(self._rows, flat, where, out=direct)
-        else:  # the rows' bytes, in words, into the result
-            result = direct if direct is not None else torch.empty((inv.shape[0], *self.row_shape),
-                                                                    dtype=self.dtype, device=run_device)
-            words = result.reshape(inv.shape[0], self._row_elems).view(self._carrier)
-            gather_tiered(self._rows, flat, where, out=words)
-        if self.tier == "device" and offs.size:
-            # the 128-byte lines the aligned kernel reads zero-copy over PCIe: one per line each output
-            # row read from the flat tier spans (the transaction model's count, kernels.pcie_model)
-            addr = flat.data_ptr() + offs.astype(np.int64) * flat.element_size()
-            per_row = row_min_lines(addr, self.row_nbytes, LINE)
-            st["pcie_lines"] += int(per_row[_miss_index(miss, inv)].sum())
-        # bookkeeping after the gather: a slot read above may be given to another row now
-        self._evict(evicted)
-        self._admit(uniq, keep, miss, staged, flat, offs)
-        if mine is not None:
-            self._release(mine[1])
-        st["reads"] += 1
-        st["rows"] += int(inv.shape[0])
-        st["hit_rows"] += int(cached.sum())
-        st["staged_rows"] += int(staged.sum())
-        st["miss_rows"] += int(miss.sum())
-        st["passthrough_rows"] += int((miss & ~keep).sum())
-        st["demand_bytes"] += int(miss.sum()) * self.row_nbytes
-        st["batches_over_capacity"] += uniq.shape[0] > self.capacity_rows
-        if run_device.type == "cuda":
-            torch.cuda.current_stream(run_device).synchronize()  # the staging buffer is the next read's
-        if take is not None and len(self._takes) < _POOLED:
-            self._takes.append(take)
-        if out is not None:
-            if out.data_ptr() != result.data_ptr():
-                out.copy_(result)
-            return out
-        return result if result.device == out_device else result.to(out_device)
+        q.miss_rows, q.held = uniq[q.miss], s[s >= 0]
+        q.t_fallback = time.perf_counter()
+        return q
 
     def _stage_misses(self, rows, run_device, take):
-        """The fallback's rows ``rows`` as a flat tier (1-D tensor) and their element offsets in it, read
-        into ``take``'s buffer where the fallback copies them."""
-        flat, offs = self.fallback._stage(rows, take)
-        if run_device.type == "cuda" and memory_of(flat) != MAPPED:  # the GPU reads the flat tier zero-copy
-            flat, offs = FeatureStore._stage(self.fallback, rows, take)
-        return self._as_slots(flat, offs)
+        """Without the lock: the fallback's ``rows`` staged through the tier contract (mapped for a GPU
+        gather), in the slots' words."""
+        staged = self.fallback.stage(rows, take, mapped=run_device.type == "cuda")
+        if self._words.same:
+            return staged
+        return Staged(staged.flat.view(self._words.dtype), staged.offsets * self._words.ratio)
 
-    def _as_slots(self, flat, offs):
-        """A fallback's flat tier in the slots' words (see ``_carrier``)."""
-        if self._carrier is None:
-            return flat, offs
-        return flat.view(self._carrier), offs * self._ratio
+    def _gather(self, q, inv, staged, out, run_device):
+        """The fused gather: rows in slots from the slot table, misses from the fallback's staging, into
+        ``out`` where it lives on ``run_device``, else a new tensor there."""
+        where_u = np.where(q.s >= 0, q.s, 0).astype(np.int64)
+        where_u[q.miss] = flat_where(staged.offsets)
+        where = torch.from_numpy(where_u[inv]).to(run_device)
+        direct = out if out is not None and out.device == run_device else None
+        if self._words.same:
+            return gather_tiered(self._rows, staged.flat, where, out=direct)
+        result = direct if direct is not None else torch.empty((inv.shape[0], *self.row_shape), dtype=self.dtype,
+                                                                device=run_device)
+        words = result.reshape(inv.shape[0], self._row_elems).view(self._words.dtype)
+        gather_tiered(self._rows, staged.flat, where, out=words)  # the rows' bytes, in words
+        return result
 
+    def _after_gather(self, q, inv, staged):
+        """A hook after each fused gather (under the lock): a device cache counts what crossed PCIe."""
+
+    def _admit(self, q, staged):
+        """After the gather (a slot read above may be given to another row now): evicted rows go, rows the
+        policy holds now change kind or are copied in, and the batch's staged rows are released."""
+        self._evict(q.evicted)
+        t = self._table
+        promote = q.keep & q.staged
+        if promote.any():
+            cur = t.slot[q.uniq[promote]]
+            t.kind[cur[cur >= 0]] = CACHED  # (-1: a concurrent reader's eviction unmapped it meanwhile)
+        new = q.keep & q.miss
+        if new.any():
+            # among the misses, in flat's order; not those a concurrent reader gave a slot meanwhile
+            pos = np.flatnonzero(new[q.miss] & (t.slot[q.miss_rows] == NONE))
+            slots = t.claim(pos.shape[0])  # fewer only while a warm's rows are in flight that the policy let go
+            pos = pos[:slots.shape[0]]
+            if slots.size:
+                fill_slots(self._rows, slots, staged.flat, staged.offsets[pos])  # one copy, staging -> slots
+                t.place(q.miss_rows[pos], slots, CACHED)
+        if q.mine is not None:
+            self._release(q.mine[1])
+
+    def _count(self, q, inv):
+        st = self._stats
+        st["reads"] += 1
+        st["rows"] += int(inv.shape[0])
+        st["hit_rows"] += int(q.cached.sum())
+        st["staged_rows"] += int(q.staged.sum())
+        st["miss_rows"] += int(q.miss.sum())
+        st["passthrough_rows"] += int((q.miss & ~q.keep).sum())
+        st["demand_bytes"] += int(q.miss.sum()) * self.row_nbytes
+        st["batches_over_capacity"] += q.uniq.shape[0] > self.capacity_rows
+
+    def _stage(self, rows, into, mapped):
+        """The tier contract for a cache above this one: the rows read (hits from slots, misses through this
+        cache's own fallback) straight into ``into``."""
+        n, rnb = rows.shape[0], self.row_nbytes
+        if not n * rnb:
+            return Staged(torch.zeros(0, dtype=self.dtype), np.zeros(n, np.int64))
+        self._this_process()
+        buf = torch.from_numpy(into(n * rnb)[:n * rnb]).view(self.dtype)
+        self._read(rows, buf.view(n, *self.row_shape), torch.device("cpu"), torch.device("cpu"))
+        return Staged(buf, np.arange(n, dtype=np.int64) * self._row_elems)
+
+    # ------------------------------------------------------------ slots
     def _evict(self, rows):
         """Rows the policy evicted: their slots go free, or stay staged for an announced batch."""
         if not rows.size:
             return
-        rows, s = self._slotted(rows)
-        ok = self._kind[s] == _CACHED
+        t = self._table
+        rows, s = t.slotted(rows)
+        ok = t.kind[s] == CACHED
         rows, s = rows[ok], s[ok]
-        still = self._until[rows] >= self._next_unread()
+        still = self._announced.still_wanted(rows)
         # an announced batch reads it: it stays, staged (forwarded, not read twice), while staging has room
-        room = max(0, self.staging_rows - int(np.count_nonzero(self._kind >= _STAGED)))
+        room = max(0, self.staging_rows - t.count(STAGED))
         still &= np.cumsum(still) <= room
-        self._kind[s[still]] = _STAGED
-        self._staged_for[s[still]] = -2
+        t.kind[s[still]] = STAGED
+        t.staged_for[s[still]] = KEPT
         self._free_slots(rows[~still], s[~still])
 
-    def _admit(self, uniq, keep, miss, staged, flat, offs):
-        """Rows the policy holds now that had no cache slot: staged ones change kind, misses are copied in."""
-        promote = keep & staged
-        if promote.any():
-            cur = self._slot[uniq[promote]]
-            self._kind[cur[cur >= 0]] = _CACHED  # (-1: a concurrent reader's eviction unmapped it meanwhile)
-        new = keep & miss
-        if not new.any():
+    def _release(self, rows):
+        """Free the slots of staged rows of ``rows`` that no announced batch still needs."""
+        if not rows.size:
             return
-        # among the misses, in flat's order; not those a concurrent reader gave a slot meanwhile
-        pos = np.flatnonzero(new[miss] & (self._slot[uniq[miss]] == -1))
-        slots = self._claim(pos.shape[0])
-        if len(slots) < pos.shape[0]:  # only while a warm's rows are in flight that the policy let go
-            pos = pos[:len(slots)]
-        rows = uniq[miss][pos]
-        if not len(slots):
-            return
-        slots_np = np.asarray(slots, np.int64)
-        fill_slots(self._rows, slots_np, flat, offs[pos])  # one copy, staging -> slots
-        self._slot[rows] = slots_np
-        self._kind[slots_np] = _CACHED
+        t = self._table
+        rows, s = t.slotted(rows)
+        gone = (t.kind[s] == STAGED) & ~self._announced.still_wanted(rows)
+        self._free_slots(rows[gone], s[gone])
 
-    def _claim(self, n):
-        got = self._free[-n:] if n else []
-        del self._free[len(self._free) - len(got):]
-        return got[::-1]
+    def _free_slots(self, rows, slots):
+        if rows.size:
+            self._table.free_slots(rows, slots)
+            self._lock.notify_all()
 
     # --------------------------------------------------------- read-ahead
-    def _prefetch_loop(self):
-        try:
-            while True:
-                with self._lock:
-                    task = None
-                    while task is None:
-                        if self._closed:
-                            return
-                        task = self._next_task()
-                        if task is None:
-                            self._lock.wait(0.05)
-                    j, rows, slots = task
-                    self._slot[rows] = slots
-                    self._kind[slots] = _INFLIGHT
-                    self._staged_for[slots] = j
-                t0 = time.perf_counter()
-                self._fill(rows, slots, self._ahead_take)
-                with self._lock:
-                    self._kind[slots] = _STAGED
-                    self._stats["ahead_s"] += time.perf_counter() - t0
-                    self._stats["prefetched_rows"] += rows.shape[0]
-                    self._stats["prefetch_bytes"] += rows.shape[0] * self.row_nbytes
-                    # rows whose batch was read (or dropped) while they were in flight: free now
-                    self._release(rows)
-                    self._lock.notify_all()
-        except BaseException as exc:  # the consumer hears of it at its next read
-            with self._lock:
-                self._fail(exc, "read-ahead thread")
+    def _next_task(self):
+        """Under the lock, for the read-ahead thread: the next chunk, rows of the oldest announced batch that
+        no slot holds and free slots for them (marked in flight); None when there is nothing to do, no
+        free slot, or a demand read waits."""
+        t = self._table
+        room = min(t.free_count, self.staging_rows - t.count(STAGED))
+        if self._demand or room <= 0:
+            return None
+        budget = max(1, _CHUNK_BYTES // max(self.row_nbytes, 1))
+        for j, rows in self._announced:
+            # rows in a slot already (cached, or staged for an earlier batch) are shared, not read again,
+            # and rows a demand read is reading now (READING) are not read twice
+            want = rows[t.slot[rows] == NONE]
+            if not want.size:
+                continue
+            want = want[:min(want.shape[0], budget, room)]
+            slots = t.claim(want.shape[0])
+            t.place(want, slots, INFLIGHT, j)
+            return want, slots
+        return None
+
+    def _read_ahead(self, task):
+        """The read-ahead thread's chunk, without the lock: read it in, then mark it staged."""
+        rows, slots = task
+        t0 = time.perf_counter()
+        self._fill(rows, slots, self._ahead_take)
+        with self._lock:
+            self._table.kind[slots] = STAGED
+            self._stats["ahead_s"] += time.perf_counter() - t0
+            self._stats["prefetched_rows"] += rows.shape[0]
+            self._stats["prefetch_bytes"] += rows.shape[0] * self.row_nbytes
+            self._release(rows)  # rows whose batch was read (or dropped) while they were in flight: free now
+            self._lock.notify_all()
 
     def _fill(self, rows, slots, take):
         """Read the fallback's ``rows`` into ``slots`` (claimed, marked in flight) through the buffer ``take``
         gives, in one copy, staging -> slots; a failure gives the slots back and raises."""
         try:
-            flat, offs = self._as_slots(*self.fallback._stage(rows, take))
-            fill_slots(self._rows, slots, flat, offs)
+            staged = self._stage_misses(rows, self._rows.device, take)  # mapped for a GPU's slots
+            fill_slots(self._rows, slots, staged.flat, staged.offsets)
             if self._rows.is_cuda:
                 torch.cuda.current_stream(self._rows.device).synchronize()
         except BaseException:
@@ -649,28 +572,15 @@ class Cache(FeatureStore):
                 self._free_slots(rows, slots)
             raise
 
-    def _next_task(self):
-        """The next chunk to read ahead: rows of the oldest announced batch that no slot holds, and free
-        slots for them; None when there is nothing to do, no free slot, or a demand read waits."""
-        room = min(len(self._free), self.staging_rows - int(np.count_nonzero(self._kind >= _STAGED)))
-        if self._demand or room <= 0:
-            return None
-        budget = max(1, _CHUNK_BYTES // max(self.row_nbytes, 1))
-        for j, rows in self._ahead:
-            # rows in a slot already (cached, or staged for an earlier batch) are shared, not read again,
-            # and rows a demand read is reading now (-2) are not read twice
-            want = rows[self._slot[rows] == -1]
-            if not want.size:
-                continue
-            n = min(want.shape[0], budget, room)
-            return j, want[:n], np.asarray(self._claim(n), np.int64)
-        return None
-
     def _fail(self, exc, source):
         """Record a background thread's failure (under the lock): every later read raises it."""
         exc.add_note(f"(raised on the {self.tier} cache's {source}; the cache stays failed: close it)")
         self._error = exc
         self._lock.notify_all()
+
+    def _fail_locked(self, exc, source):
+        with self._lock:
+            self._fail(exc, source)
 
     def _raise_failure(self):
         if self._error is not None:
@@ -678,7 +588,8 @@ class Cache(FeatureStore):
 
     # ------------------------------------------------------------ counters
     def stats(self):
-        """Counters since open (or :meth:`reset_stats`), for this tier.
+        """Counters since open (or :meth:`reset_stats`), for this tier: a
+        :class:`~directload.stores.records.CacheStats`.
 
         ``hit_rows`` were served from cached slots, ``staged_rows`` from rows read ahead,
         ``miss_rows`` from the fallback on demand (``passthrough_rows`` of them not kept, as a cache
@@ -692,10 +603,13 @@ class Cache(FeatureStore):
         memory, as the transaction model counts them (``pcie_bytes`` = lines x 128): on a CPU machine,
         what a GPU would move.
         """
+        return CacheStats(self.tier, self._counters())
+
+    def _counters(self):
         with self._lock:
             s = dict(self._stats)
-            s["cached_rows"] = int(np.count_nonzero(self._kind == _CACHED))
-            s["staged_now"] = int(np.count_nonzero(self._kind == _STAGED))
+            s["cached_rows"] = self._table.count(CACHED)
+            s["staged_now"] = int(np.count_nonzero(self._table.kind == STAGED))
         distinct = s["hit_rows"] + s["staged_rows"] + s["miss_rows"]
         s.update(tier=self.tier, capacity_rows=self.capacity_rows, staging_rows=self.staging_rows,
                  policy=self.policy.name, row_nbytes=self.row_nbytes,
@@ -707,18 +621,23 @@ class Cache(FeatureStore):
                  passthrough=self.capacity_rows == 0 or s["batches_over_capacity"] > 0)
         return s
 
-    def reset_stats(self):
+    def _reset_counters(self):
         with self._lock:
             for key in self._stats:
                 self._stats[key] = 0
 
     # ------------------------------------------------------------ lifetime
     def _close(self):
+        with self._submit_lock:  # a submit in progress ends first; later ones see the cache closed
+            pass
         with self._lock:
             self._lock.notify_all()
-        for thread in (self._thread, self._warmer):
-            if thread is not None and thread is not threading.current_thread():
-                thread.join(timeout=30)
+        if self._reader is not None and self._pid == os.getpid():
+            on_reader = threading.current_thread() in getattr(self._reader, "_threads", ())
+            self._reader.shutdown(wait=not on_reader)  # reads in flight finish first
+        for worker in (self._ahead, self._warming):
+            if worker is not None:
+                worker.join(timeout=30)
         self._takes, self._ahead_take = [], None
 
     def __repr__(self):
@@ -738,6 +657,8 @@ class HostCache(Cache):
     >>> cache = HostCache(TensorStore(table), capacity_bytes=5 * 8, policy="lru")
     >>> torch.equal(cache.read([3, 7, 3]), table[[3, 7, 3]])
     True
+    >>> cache.stats()["miss_rows"], cache.read([3]).tolist(), cache.stats()["hit_rows"]
+    (2, [[6.0, 7.0]], 1)
     """
 
     tier = "host"
@@ -749,13 +670,22 @@ class HostCache(Cache):
         # Touch every page now: a first write into a slot would otherwise fault its page in during an
         # epoch (measured: filling fresh slots ran at 0.8 GB/s, a fifth of a gather's speed).
         raw.zero_()
-        return raw.view(self._slot_dtype).view(slots, *self._slot_shape)
+        return raw.view(self._words.dtype).view(slots, *self._words.shape)
 
 
 class DeviceCache(Cache):
     """A cache in GPU memory (``device``, default the current GPU), in front of a :class:`HostCache`
     or any store.  Where CUDA does not run its slots are a separate host buffer, so every policy and
-    counter works (and is tested) on a CPU machine.  See :class:`Cache`."""
+    counter works (and is tested) on a CPU machine.  See :class:`Cache`.
+
+    Examples
+    --------
+    >>> from directload.stores import TensorStore
+    >>> table = torch.arange(40.0).view(20, 2)
+    >>> cache = DeviceCache(TensorStore(table), capacity_bytes=4 * 8, device="cpu")
+    >>> torch.equal(cache.read([5, 1]), table[[5, 1]]), cache.stats()["pcie_lines"] > 0
+    (True, True)
+    """
 
     tier = "device"
 
@@ -770,7 +700,16 @@ class DeviceCache(Cache):
         super().__init__(fallback, capacity_bytes, policy, staging_bytes=staging_bytes)
 
     def _allocate(self, slots):
-        return torch.empty((slots, *self._slot_shape), dtype=self._slot_dtype, device=self._device)
+        return torch.empty((slots, *self._words.shape), dtype=self._words.dtype, device=self._device)
+
+    def _after_gather(self, q, inv, staged):
+        """Count the 128-byte lines the aligned kernel reads zero-copy over PCIe: one per line each output row
+        read from the flat tier spans (the transaction model's count, kernels.pcie_model)."""
+        if not staged.offsets.size:
+            return
+        addr = staged.flat.data_ptr() + staged.offsets.astype(np.int64) * staged.flat.element_size()
+        per_row = row_min_lines(addr, self.row_nbytes, LINE)
+        self._stats["pcie_lines"] += int(per_row[_miss_index(q.miss, inv)].sum())
 
 
 def _rethrown(exc):

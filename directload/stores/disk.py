@@ -11,16 +11,18 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from directload import memory
+from directload.buffers import StagingBuffer, aligned
 from directload.files import CorruptFileError
 from directload.kernels.carriers import ELEMENT_SIZES
 from directload.kernels.devices import MAPPED, memory_of
 from directload.kernels.host_pool import default_pool
 from directload.kernels.tiered import flat_where, gather_tiered
+from directload.units import check_int
 
 from . import disk_io
-from .base import FeatureStore, ReadFuture
+from .base import FeatureStore, ReadFuture, deliver
 from .disk_format import OPEN_ATTEMPTS, raw_layout, read_layout
+from .records import Staged
 
 __all__ = ["DiskStore", "DirectIOWarning", "io_path"]
 
@@ -39,7 +41,13 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class DirectIOWarning(UserWarning):
-    """The file system refuses O_DIRECT (tmpfs, ``/dev/shm``): reads go through the page cache."""
+    """The file system refuses O_DIRECT (tmpfs, ``/dev/shm``): reads go through the page cache.
+
+    Examples
+    --------
+    >>> issubclass(DirectIOWarning, UserWarning)
+    True
+    """
 
 
 def io_path(engine="auto"):
@@ -64,19 +72,9 @@ def _sysfs_block(fd):
     return None
 
 
-_ALIGN = 4096  # O_DIRECT buffers start on a page (a multiple of every block size probed)
-
-
-def _aligned(nbytes, align=_ALIGN):
-    """A numpy uint8 array of ``nbytes`` starting at an ``align``-byte boundary (a view that keeps its base)."""
-    raw = np.empty(nbytes + align, np.uint8)
-    start = (-raw.ctypes.data) % align
-    return raw[start:start + nbytes]
-
-
 def _probe_block(fd, hint):
     """The smallest O_DIRECT read granularity that works, measured: ``hint`` (sysfs) first, doubling."""
-    buf = _aligned(_MAX_BLOCK)
+    buf = aligned(_MAX_BLOCK, pin="never")
     block = hint if hint and hint & (hint - 1) == 0 else 512
     while block <= _MAX_BLOCK:
         try:
@@ -157,21 +155,29 @@ class DiskStore(FeatureStore):
     OSError
         From ``wait()``: a read that still failed after ``retries`` retries,
         naming the path, offset and length.
+
+    Examples
+    --------
+    >>> import tempfile, os, numpy as np
+    >>> from directload.stores import write_disk_store
+    >>> rows = np.arange(12, dtype=np.float32).reshape(6, 2)
+    >>> path = write_disk_store(rows, os.path.join(tempfile.mkdtemp(), "f.npy"), progress=False)
+    >>> with DiskStore(path) as store:
+    ...     store.read([5, 0]).tolist()
+    [[10.0, 11.0], [0.0, 1.0]]
     """
+
+    tier = "disk"
 
     def __init__(self, path, *, dtype=None, shape=None, offset=0, queue_depth=64, rings=1, engine="auto",
                  direct="auto", merge_gap=0, max_read=128 << 10, retries=3, staging_bytes=64 << 20, submit_batch=1,
                  _expect=None):
         super().__init__()
-        for name, value, low in (("queue_depth", queue_depth, 1), ("rings", rings, 1), ("merge_gap", merge_gap, 0),
-                                 ("max_read", max_read, 1), ("retries", retries, 0),
-                                 ("staging_bytes", staging_bytes, 4096), ("submit_batch", submit_batch, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        if queue_depth > 4096:
-            raise ValueError(f"queue_depth must be at most 4096, got {queue_depth}")
-        if max_read > _MAX_READ:
-            raise ValueError(f"max_read must be at most {_MAX_READ} bytes (1 GiB), got {max_read}")
+        for name, value, low, high in (("queue_depth", queue_depth, 1, 4096), ("rings", rings, 1, None),
+                                       ("merge_gap", merge_gap, 0, None), ("max_read", max_read, 1, _MAX_READ),
+                                       ("retries", retries, 0, None), ("staging_bytes", staging_bytes, 4096, None),
+                                       ("submit_batch", submit_batch, 1, None)):
+            check_int(name, value, low=low, high=high)
         if direct not in ("auto", True, False):
             raise ValueError(f"direct must be 'auto', True or False, not {direct!r}")
         self.path = Path(path)
@@ -187,7 +193,7 @@ class DiskStore(FeatureStore):
         self._stats = dict.fromkeys(("rows", "unique_rows", "requested_bytes", "bytes_read", "reads",
                                      "io_seconds", "cpu_seconds", "batches", "zero_copy_batches"), 0)
         self._pid = None
-        self._staging = None
+        self._staging = StagingBuffer(minimum=1, growth_limit=staging_bytes)
         self._fd = self._open_file(_expect)
         self._start()
 
@@ -273,7 +279,7 @@ class DiskStore(FeatureStore):
         # The parent's read thread and rings did not come along, and a lock its threads held at the
         # fork would stay held here: fresh locks now, a fresh engine at the first read.
         self._lock, self._submit_lock = threading.Lock(), threading.Lock()
-        self._staging = None
+        self._staging = StagingBuffer(minimum=1, growth_limit=self._options["staging_bytes"])
 
     def _this_process(self):
         if self._pid != os.getpid():
@@ -343,11 +349,7 @@ class DiskStore(FeatureStore):
                 a = b
             self._count_reads(p)
         self._count_batch(n)
-        if out is not None:
-            if out.data_ptr() != host.data_ptr():
-                out.copy_(host)
-            return out
-        return host if device.type == "cpu" else host.to(device, non_blocking=False)
+        return deliver(host, out, device)
 
     def _read_zero_copy(self, p, n, out, device):
         """The ``n`` rows of plan ``p``, when it fits one staging round, gathered straight from staging
@@ -374,25 +376,24 @@ class DiskStore(FeatureStore):
         self._count_batch(n, zero_copy=True)
         return result
 
-    def _stage(self, rows, take):
+    def _stage(self, rows, into, mapped):
         """Read ``rows`` into the caller's buffer (block-aligned reads, one round) and give the rows'
         element offsets there: a cache's fused gather reads them in place.  The copy path where the rows
         are off their element grid or the reads need several rounds."""
-        self._check_open()
         self._this_process()
         elem = self._flat_elem()
         if rows.size and self.row_nbytes and elem is not None:
             physical = rows if self.id_map is None else self.id_map[rows]
-            got = self._submit(self._stage_rows, physical, take, elem).result()
+            got = self._submit(self._stage_rows, physical, into, elem).result()
             if got is not None:
-                return got
-        return super()._stage(rows, take)
+                return Staged(*got)
+        return self._copy_stage(rows, into)
 
-    def _stage_rows(self, rows, take, elem):
+    def _stage_rows(self, rows, into, elem):
         p = self._plan(rows)
         if p.total > p.chunk:
             return None
-        got = self._one_round(p, take(p.total), elem)
+        got = self._one_round(p, into(p.total), elem)
         self._count_batch(rows.shape[0])
         return got
 
@@ -455,18 +456,8 @@ class DiskStore(FeatureStore):
             self._stats["zero_copy_batches"] += zero_copy
 
     def _staging_buffer(self, nbytes):
-        """The store's staging buffer, aligned for O_DIRECT, grown (never shrunk) to ``nbytes``;
-        pinned (from the pinned pool) where CUDA runs, else ordinary memory."""
-        if self._staging is None or self._staging.nbytes < nbytes:
-            old = 0 if self._staging is None else self._staging.nbytes
-            # Grow at least twofold (up to the round size), so a run of growing batches reallocates
-            # a few times, not at every batch.
-            nbytes = max(nbytes, min(2 * old, max(self._options["staging_bytes"], nbytes)))
-            self._staging = None  # the old buffer goes before the new one is allocated
-            raw = memory.host_array(memory.allocate(nbytes, pin="auto"))
-            # pinned blocks start on a page; ordinary memory may not
-            self._staging = raw if raw.ctypes.data % _ALIGN == 0 else _aligned(nbytes)
-        return self._staging
+        """The store's staging buffer (page-aligned for O_DIRECT, pinned where CUDA runs), at least ``nbytes``."""
+        return self._staging.take(nbytes)
 
     def _raise(self, code, offset, length):
         where = f"{self.path}: read of {length} bytes at offset {offset}"
@@ -476,8 +467,8 @@ class DiskStore(FeatureStore):
                       str(self.path))
 
     # ------------------------------------------------------------- counters
-    def stats(self):
-        """Counters since open (or :meth:`reset_stats`).
+    def _counters(self):
+        """Counters since open (or :meth:`reset_stats`), as :meth:`stats` reports them.
 
         ``rows`` and ``requested_bytes`` count the ids asked for;
         ``unique_rows`` the distinct ones; ``bytes_read`` what the disk
@@ -501,7 +492,7 @@ class DiskStore(FeatureStore):
             cpu_us_per_read=s["cpu_seconds"] / s["reads"] * 1e6 if s["reads"] else 0.0)
         return s
 
-    def reset_stats(self):
+    def _reset_counters(self):
         with self._lock:
             for key in self._stats:
                 self._stats[key] = 0
@@ -519,7 +510,7 @@ class DiskStore(FeatureStore):
                 self._engine.close()
         finally:
             os.close(self._fd)
-            self._staging = None  # back to the pinned pool (a read still running keeps its own reference)
+            self._staging.release()  # back to the pinned pool (a read still running keeps its own reference)
 
     def __del__(self):
         if not getattr(self, "_closed", True) and getattr(self, "_pid", None) == os.getpid():

@@ -58,6 +58,17 @@ class Layout:
     ``path`` is the file whose header was read (a store's current generation); ``device`` and ``inode``
     identify it, so the reader can check that the file it opens for I/O is that very file.  ``id_map``
     (old id -> row in the file) is set for a packed store when asked for.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from directload.stores.disk_write import write_disk_store
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> path = write_disk_store(torch.zeros(3, 2), os.path.join(tmp.name, "f.npy"), progress=False)
+    >>> layout = read_layout(path)
+    >>> layout.dtype, layout.shape, layout.data_offset, layout.row_nbytes, layout.packed
+    (torch.float32, (3, 2), 4096, 8, False)
+    >>> tmp.cleanup()
     """
 
     path: Path

@@ -258,6 +258,11 @@ class UringEngine:
 
     Made in the process that reads: a forked child makes its own (the rings
     are marked not to be inherited).
+
+    Examples
+    --------
+    >>> callable(UringEngine.read) and callable(UringEngine.close)
+    True
     """
 
     name = "io_uring"
@@ -376,7 +381,13 @@ def _pread_run(fd, offsets, lengths, dsts, needed, block, retries, faults, res):
 
 
 class PreadEngine:
-    """The fallback: the same reads through ``pread`` on ``threads`` threads (GIL released)."""
+    """The fallback: the same reads through ``pread`` on ``threads`` threads (GIL released).
+
+    Examples
+    --------
+    >>> engine = PreadEngine(threads=2)
+    >>> engine.close()
+    """
 
     name = "pread"
 

@@ -128,6 +128,13 @@ class StoreWrite:
 
     Leaving the block without :meth:`commit` (an exception) removes the partials and leaves the store as
     it was.  ``is_ours`` says whether ``path`` was a store directload wrote (checked with ``overwrite``).
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> w = StoreWrite(os.path.join(tempfile.mkdtemp(), "x.npy"))
+    >>> w.name
+    'x.npy'
     """
 
     def __init__(self, path, *, overwrite=False):

@@ -20,7 +20,13 @@ __all__ = ["access_counts", "hot_order", "renumber"]
 
 
 def access_counts(batches, num_rows):
-    """How many of ``batches`` (id arrays: K pre-sampled batches, or a first epoch) read each row."""
+    """How many of ``batches`` (id arrays: K pre-sampled batches, or a first epoch) read each row.
+
+    Examples
+    --------
+    >>> access_counts([[5, 1, 5], [5, 7]], num_rows=8).tolist()  # a batch counts a row once
+    [0, 1, 0, 0, 0, 2, 0, 1]
+    """
     counts = np.zeros(int(num_rows), np.int64)
     for b in batches:
         ids = np.unique(np.asarray(torch.as_tensor(b).cpu().numpy() if torch.is_tensor(b) else b, np.int64))
@@ -34,7 +40,15 @@ def hot_order(counts, tiebreak=None):
     """The new row order: most read first; among rows read equally often, highest ``tiebreak`` first
     (e.g. in-degree: a profile of a few batches sees most rows once or never, and the degree tells
     which of those the sampler meets more), then the old order (so cold rows keep whatever locality the
-    file had)."""
+    file had).
+
+    Examples
+    --------
+    >>> hot_order([0, 1, 0, 2]).tolist()
+    [3, 1, 0, 2]
+    >>> hot_order([0, 1, 0, 2], tiebreak=[1, 0, 5, 0]).tolist()  # rows 0 and 2 tie: the higher degree first
+    [3, 1, 2, 0]
+    """
     counts = np.asarray(counts)
     if tiebreak is None:
         return np.argsort(-counts, kind="stable")

@@ -5,10 +5,11 @@ import torch
 
 from directload.kernels import gather_async
 from directload.kernels.carriers import ELEMENT_SIZES
-from directload.kernels.devices import memory_of
+from directload.kernels.devices import MAPPED, memory_of
 from directload.unified import is_unified
 
-from .base import FeatureStore, ReadFuture
+from .base import FeatureStore, ReadFuture, deliver
+from .records import Staged
 
 __all__ = ["TensorStore"]
 
@@ -41,6 +42,8 @@ class TensorStore(FeatureStore):
     tensor([[8., 9.],
             [0., 1.]])
     """
+
+    tier = "tensor"
 
     def __init__(self, table):
         super().__init__()
@@ -75,33 +78,24 @@ class TensorStore(FeatureStore):
         index = index.to(run_device, non_blocking=run_device.type == "cuda")
         if not _gatherable(host):
             rows = table.index_select(0, index.to(table.device).long())
-            return ReadFuture(result=_deliver(rows, out, out_device))
+            return ReadFuture(result=deliver(rows, out, out_device))
         table = host if run_device.type == "cpu" else table
         direct = out if out is not None and out.device == run_device else None
         future = gather_async(table, index, out=direct)
         if run_device.type == "cpu":  # a CPU gather has run when gather_async returns
-            return ReadFuture(result=_deliver(future.wait(), out, out_device))
+            return ReadFuture(result=deliver(future.wait(), out, out_device))
         if direct is not None or (out is None and run_device == out_device):
             return ReadFuture(future.wait, done=future.done)
-        return ReadFuture(lambda: _deliver(future.wait(), out, out_device), done=future.done)
+        return ReadFuture(lambda: deliver(future.wait(), out, out_device), done=future.done)
 
 
     def _own_memory(self):
         return (self.table.check_backing() if is_unified(self.table) else self.table,)
 
-    def _stage(self, rows, take):
+    def _stage(self, rows, into, mapped):
         host = self.table.check_backing() if is_unified(self.table) else self.table
-        if _gatherable(host) and not host.is_cuda and host.numel():
+        if _gatherable(host) and not host.is_cuda and host.numel() and (not mapped or memory_of(host) == MAPPED):
             # rows in host memory already: the table itself is the flat tier, no copy
             row_elems = int(np.prod(self.row_shape, dtype=np.int64))
-            return host.view(-1), rows.astype(np.int64, copy=False) * row_elems
-        return super()._stage(rows, take)
-
-
-def _deliver(rows, out, device):
-    """``rows`` on ``device``, written into ``out`` when given."""
-    if out is not None:
-        if out.data_ptr() != rows.data_ptr():
-            out.copy_(rows)
-        return out
-    return rows if rows.device == device else rows.to(device)
+            return Staged(host.view(-1), rows * row_elems)
+        return self._copy_stage(rows, into)

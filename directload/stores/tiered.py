@@ -7,6 +7,7 @@ from directload.units import check_bytes
 from .base import FeatureStore
 from .cache import DeviceCache, HostCache
 from .disk import DiskStore
+from .records import TieredStats
 
 __all__ = ["TieredStore"]
 
@@ -34,9 +35,22 @@ class TieredStore(FeatureStore):
     device : torch.device, optional
         The GPU of the device cache.
 
+    Notes
+    -----
     ``tiers`` lists the stores top first; :meth:`stats` gives each tier's counters by name
     (``"device"``, ``"host"``, ``"disk"``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from directload.stores import TensorStore
+    >>> table = torch.arange(20.0).view(10, 2)
+    >>> with TieredStore(TensorStore(table), gpu_bytes=16, host_bytes=32) as store:
+    ...     [t.tier for t in store.stats().tiers], torch.equal(store.read([9, 1]), table[[9, 1]])
+    (['device', 'host', 'tensor'], True)
     """
+
+    tier = "tiered"
 
     def __init__(self, source, *, gpu_bytes=0, host_bytes=0, staging_bytes=None, policy="lookahead", device=None,
                  **disk_options):
@@ -88,11 +102,13 @@ class TieredStore(FeatureStore):
     def _own_memory(self):
         return self.top._own_memory()
 
-    def _read_async(self, index, out, run_device, out_device):
-        return self.top._read_async(index, out, run_device, out_device)
+    def read_async(self, ids, *, out=None, device=None):
+        """Read through the top tier (its own checks, the same as every store's)."""
+        self._check_open()
+        return self.top.read_async(ids, out=out, device=device)
 
-    def _stage(self, rows, take):
-        return self.top._stage(rows, take)
+    def _stage(self, rows, into, mapped):
+        return self.top.stage(rows, into, mapped=mapped)
 
     def _prefetch(self, index):
         self.top.prefetch(index)
@@ -109,22 +125,18 @@ class TieredStore(FeatureStore):
         ids = self._warm_ids(ids)
         out, below = {}, None
         for cache in self.tiers[-2::-1]:
-            out[cache.tier] = cache.warm(ids, background=background, progress=progress, _after=below)
-            below = cache._warmer
+            out[cache.tier] = cache.warm(ids, background=background, progress=progress, after=below)
+            below = cache.warming
         return out
 
     def stats(self):
-        """``{tier name: that tier's counters}``, top first (a disk's under ``"disk"``)."""
-        out = {}
-        for store in self.tiers:
-            name = getattr(store, "tier", "disk" if isinstance(store, DiskStore) else type(store).__name__)
-            out[name] = store.stats() if hasattr(store, "stats") else {}
-        return out
+        """A :class:`~directload.stores.records.TieredStats`: ``{tier name: that tier's record}``, top first
+        (a disk's under ``"disk"``)."""
+        return TieredStats(store.stats() for store in self.tiers)
 
-    def reset_stats(self):
+    def _reset_counters(self):
         for store in self.tiers:
-            if hasattr(store, "reset_stats"):
-                store.reset_stats()
+            store.reset_stats()
 
     def _close(self):
         for store in self.tiers[:-1]:

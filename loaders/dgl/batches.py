@@ -24,8 +24,9 @@ from dgl.utils import recursive_apply, recursive_apply_pair
 from directload.kernels.carriers import ELEMENT_SIZES
 from directload.stores import FeatureStore, TensorStore, check_table
 
-__all__ = ["FeatureSource", "start_batch", "finish_batch", "input_ids", "announce", "can_gather"]
+from ..pipeline import BatchAdapter
 
+__all__ = ["FeatureSource", "DGLBatches", "start_batch", "finish_batch", "input_ids", "announce", "can_gather"]
 
 
 def can_gather(table, ids, device):
@@ -81,6 +82,17 @@ class FeatureSource:
     :class:`~directload.stores.TensorStore` at every batch, so writes to it in
     place and reassignment (``g.ndata["h"] = y``) are seen by the next batch,
     as DGL sees them.
+
+    Examples
+    --------
+    >>> import dgl, torch
+    >>> from directload.loaders.dgl import DataLoader
+    >>> g = dgl.rand_graph(10, 30)
+    >>> g.ndata["feat"] = torch.randn(10, 3)
+    >>> sampler = dgl.dataloading.NeighborSampler([2], prefetch_node_feats=["feat"])
+    >>> source = FeatureSource(DataLoader(g, torch.arange(4), sampler, batch_size=2))
+    >>> source.table("feat", "_N") is g.ndata["feat"]
+    True
     """
 
     def __init__(self, loader, features=None):
@@ -234,3 +246,41 @@ def announce(batch, source):
         return item
 
     recursive_apply(batch, visit)
+
+
+class DGLBatches(BatchAdapter):
+    """DGL's batches for the pipeline: their ids, the hints to the stores behind their lazy node fields, and
+    their lazy features filled (:func:`start_batch`, :func:`finish_batch`), all read from ``source``.
+
+    Examples
+    --------
+    >>> import dgl, torch
+    >>> from directload.loaders.dgl import DataLoader
+    >>> g = dgl.rand_graph(30, 90)
+    >>> g.ndata["feat"] = torch.randn(30, 4)
+    >>> sampler = dgl.dataloading.NeighborSampler([2], prefetch_node_feats=["feat"])
+    >>> batches = DGLBatches(FeatureSource(DataLoader(g, torch.arange(10), sampler, batch_size=5)))
+    >>> sampled = next(iter(dgl.dataloading.DataLoader(g, torch.arange(10), sampler, batch_size=5)))
+    >>> input_nodes, _, blocks = batches.finish(batches.start(sampled))
+    >>> torch.equal(blocks[0].srcdata["feat"], g.ndata["feat"][input_nodes])
+    True
+    """
+
+    def __init__(self, source):
+        self.source = source
+
+    def ids(self, batch):
+        return input_ids(batch)
+
+    def announce(self, batch):
+        announce(batch, self.source)
+
+    def start(self, batch):
+        return start_batch(batch, self.source)
+
+    def finish(self, started):
+        return finish_batch(started, self.source)
+
+    def stores(self):
+        return [t for given in self.source.features.values()
+                for t in (given.values() if isinstance(given, Mapping) else [given]) if isinstance(t, FeatureStore)]

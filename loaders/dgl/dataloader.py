@@ -8,6 +8,7 @@ import torch
 from dgl.dataloading.dataloader import CollateWrapper
 
 from directload.capabilities import NoDeviceError, usable_device
+from directload.units import check_int
 
 from ..pipeline import (
     AutoLookahead,
@@ -17,7 +18,7 @@ from ..pipeline import (
     resolve_overlap,
     resolve_sampling,
 )
-from .batches import FeatureSource, announce, finish_batch, input_ids, start_batch
+from .batches import DGLBatches, FeatureSource
 
 __all__ = ["DataLoader", "check_indices"]
 
@@ -70,11 +71,6 @@ def check_indices(graph, indices, sampler):
                 what = f" of type {t!r}" if len(types) > 1 else ""
                 raise IndexError(f"seed {kind[:-1]} id {bad}{what} is outside the graph's {n} {kind} "
                                  f"(valid 0..{n - 1})")
-
-
-def _check_batch_size(batch_size):
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
 
 
 class DataLoader(dgl.dataloading.DataLoader):
@@ -155,7 +151,7 @@ use_prefetch_thread, use_alternate_streams, pin_prefetcher, use_uva, **kwargs
             if use_uva and not torch.cuda.is_available():
                 raise NoDeviceError("use_uva=True samples on a GPU, but this machine has no usable CUDA device; "
                                     "leave use_uva off")
-            _check_batch_size(batch_size)
+            check_int("batch_size", batch_size)
             check_lookahead(lookahead)
             check_indices(graph, indices, graph_sampler)
         super().__init__(graph, indices, graph_sampler, **dgl_args, **kwargs)
@@ -170,23 +166,9 @@ use_prefetch_thread, use_alternate_streams, pin_prefetcher, use_uva, **kwargs
         """A new epoch: an :class:`~directload.loaders.pipeline.Epoch` iterator, its look-ahead already sampled."""
         if self.shuffle:
             self.dataset.shuffle()  # what DGL's own __iter__ does first
-        source = self._source
-        lookahead, on_done = self.lookahead, None
-        if self.auto_lookahead is not None:
-            stores = [t for t in _tables(self.features) if hasattr(t, "stats")]
-            lookahead = self.auto_lookahead.begin(stores)
-            on_done = lambda stats: self.auto_lookahead.end(stores, stats)  # noqa: E731
-        pipeline = Pipeline(torch.utils.data.DataLoader.__iter__(self),
-                            start=lambda batch: start_batch(batch, source),
-                            finish=lambda started: finish_batch(started, source),
-                            announce=lambda batch: announce(batch, source), ids_of=input_ids, device=self.device,
-                            lookahead=lookahead, sample_in_thread=self.sample_in_thread, overlap=self.overlap,
-                            on_done=on_done)
+        pipeline = Pipeline(torch.utils.data.DataLoader.__iter__(self), DGLBatches(self._source), device=self.device,
+                            lookahead=self.auto_lookahead or self.lookahead, sample_in_thread=self.sample_in_thread,
+                            overlap=self.overlap)
         epoch = Epoch(pipeline)
         pipeline.prime()
         return epoch
-
-
-def _tables(features):
-    for given in (features or {}).values():
-        yield from (given.values() if isinstance(given, Mapping) else [given])

@@ -36,6 +36,8 @@ class FeatureStore(_PygFeatureStore):
     device : str or torch.device, optional
         Where gathered rows go.  ``None`` (the default): the index's device.
 
+    Notes
+    -----
     Memory contract of a read (``get_tensor``/``multi_get_tensor`` with an
     index):
 

@@ -9,12 +9,21 @@ from torch_geometric.loader import NeighborLoader as _PygNeighborLoader
 
 import directload
 from directload.kernels.carriers import ELEMENT_SIZES
+from directload.units import check_int
 
-from ..pipeline import AutoLookahead, Epoch, Pipeline, check_lookahead, resolve_overlap, resolve_sampling
+from ..pipeline import (
+    AutoLookahead,
+    BatchAdapter,
+    Epoch,
+    Pipeline,
+    check_lookahead,
+    resolve_overlap,
+    resolve_sampling,
+)
 from .feature_store import FeatureStore
 from .graph_store import GraphStore
 
-__all__ = ["NeighborLoader", "stores_from", "unified_data"]
+__all__ = ["NeighborLoader", "PygBatches", "stores_from", "unified_data"]
 
 
 def _unify(value, affinity):
@@ -125,9 +134,7 @@ class NeighborLoader(_PygNeighborLoader):
     def __init__(self, data, num_neighbors, *args, lookahead=4, sample_in_thread=None, overlap=None,
                  affinity="cuda", **kwargs):
         check_lookahead(lookahead)
-        batch_size = kwargs.get("batch_size", 1)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        check_int("batch_size", kwargs.get("batch_size", 1))
         _check_sampler()
         if isinstance(data, (Data, HeteroData)):
             data = unified_data(data, affinity=affinity)
@@ -145,22 +152,14 @@ class NeighborLoader(_PygNeighborLoader):
     def _get_iterator(self):
         if self.persistent_workers and self.num_workers > 0:
             return super()._get_iterator()  # torch keeps and resets this iterator between epochs
+        fs = self.data[0] if isinstance(self.data, tuple) and isinstance(self.data[0], FeatureStore) else None
         if self.filter_per_worker:
             # The workers sample and gather: the pipeline only looks ahead at finished batches.
-            batches, finish, ids_of, announce = super()._get_iterator(), _identity, _batch_ids, None
+            batches, adapter = super()._get_iterator(), PygBatches(fs, None, gathered=True)
         else:
-            stores = self.data if isinstance(self.data, tuple) else None
-            batches, finish, ids_of = torch.utils.data.DataLoader._get_iterator(self), self.filter_fn, _sampled_ids
-            announce = (lambda out: _announce(out, stores[0])) if stores else None
-        lookahead, on_done = self.lookahead, None
-        if self.auto_lookahead is not None:
-            fs = self.data[0] if isinstance(self.data, tuple) else None
-            feature_stores = fs.stores() if hasattr(fs, "stores") else []
-            lookahead = self.auto_lookahead.begin(feature_stores)
-            on_done = lambda stats: self.auto_lookahead.end(feature_stores, stats)  # noqa: E731
-        pipeline = Pipeline(batches, start=_identity, finish=finish, announce=announce, ids_of=ids_of, device="cpu",
-                            lookahead=lookahead, sample_in_thread=self.sample_in_thread, overlap=self.overlap,
-                            on_done=on_done)
+            batches, adapter = torch.utils.data.DataLoader._get_iterator(self), PygBatches(fs, self.filter_fn)
+        pipeline = Pipeline(batches, adapter, device="cpu", lookahead=self.auto_lookahead or self.lookahead,
+                            sample_in_thread=self.sample_in_thread, overlap=self.overlap)
         pipeline.prime()
         return Epoch(pipeline)
 
@@ -176,28 +175,44 @@ def _check_sampler():
             "with --no-build-isolation (see the README's install matrix; scripts/dev.sh does it)")
 
 
-def _identity(x):
-    return x
+class PygBatches(BatchAdapter):
+    """PyG's batches for the pipeline.  Sampler outputs (``gathered=False``) are announced to directload's
+    ``feature_store`` (its stores get ``prefetch``) and finished by PyG's own ``filter_fn`` (features
+    gathered, the batch built); batches the workers built already (``gathered=True``) pass as they are,
+    their ``n_id`` listed as upcoming.
 
+    Examples
+    --------
+    >>> from torch_geometric.data import Data
+    >>> batch = Data(x=torch.zeros(3, 1), n_id=torch.tensor([4, 0, 2]))
+    >>> PygBatches(None, None, gathered=True).ids(batch).tolist()
+    [4, 0, 2]
+    """
 
-def _sampled_ids(out):
-    return out.node
+    def __init__(self, feature_store, filter_fn, *, gathered=False):
+        self.feature_store, self.filter_fn, self.gathered = feature_store, filter_fn, gathered
 
+    def ids(self, batch):
+        if not self.gathered:
+            return batch.node
+        if isinstance(batch, HeteroData):
+            return {node_type: batch[node_type].n_id for node_type in batch.node_types}
+        return batch.n_id
 
-def _batch_ids(batch):
-    if isinstance(batch, HeteroData):
-        return {node_type: batch[node_type].n_id for node_type in batch.node_types}
-    return batch.n_id
+    def announce(self, batch):
+        if self.gathered or self.feature_store is None:
+            return
+        if isinstance(batch.node, Mapping):
+            for node_type, ids in batch.node.items():
+                self.feature_store.prefetch(ids, node_type)
+        else:
+            self.feature_store.prefetch(batch.node)
 
+    def finish(self, started):
+        return started if self.gathered else self.filter_fn(started)
 
-def _announce(out, feature_store):
-    if not isinstance(feature_store, FeatureStore):
-        return
-    if isinstance(out.node, Mapping):
-        for node_type, ids in out.node.items():
-            feature_store.prefetch(ids, node_type)
-    else:
-        feature_store.prefetch(out.node)
+    def stores(self):
+        return self.feature_store.stores() if self.feature_store is not None else []
 
 
 def _check_seeds(input_data, sampler):

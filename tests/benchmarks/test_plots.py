@@ -43,7 +43,7 @@ def test_unified_gather_plot_has_a_log_axis(captured):
 
 
 def test_training_plot_keeps_its_legend_off_the_bars_and_names_the_accuracy(monkeypatch):
-    from directload import experiments
+    from directload.harness import experiments
 
     figures = []
     monkeypatch.setattr(experiments, "save_figure", lambda fig, path: figures.append(fig))

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from directload.cli import main as cli
 from directload.datasets import (
     IncompleteDatasetError,
     SplitIndexError,
@@ -20,6 +19,7 @@ from directload.datasets import (
     synthesize,
 )
 from directload.datasets.synthetic import META_FILE
+from directload.harness.cli import main as cli
 
 SMALL = SynthConfig(num_nodes=400, avg_degree=4, num_feats=4, num_classes=3, chunk_nodes=150)
 

@@ -11,7 +11,7 @@ from conftest import frameworks
 import directload
 from directload.datasets import PRESETS, SynthConfig, load, synthesize
 from directload.datasets.ogb_loader import ogb_meta_dict
-from directload.train import TrainConfig, train
+from directload.harness.train import TrainConfig, train
 
 TINY = PRESETS["synth-tiny"]
 

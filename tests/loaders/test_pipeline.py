@@ -4,13 +4,14 @@ import pytest
 import torch
 from conftest import drain_from_threads, within
 
-from directload.loaders.pipeline import Pipeline, PipelineError
+from directload.loaders.pipeline import BatchAdapter, Pipeline, PipelineError
+from directload.stores import CacheStats, Stats, TieredStats
 
 
 def _pipeline(overlap, sample_in_thread, device="cpu", batches=None):
     batches = iter(batches if batches is not None else [1, 2, 3])
-    return Pipeline(batches, start=lambda b: b, finish=lambda b: b, device=device, lookahead=2,
-                    sample_in_thread=sample_in_thread, overlap=overlap)
+    return Pipeline(batches, BatchAdapter(), device=device, lookahead=2, sample_in_thread=sample_in_thread,
+                    overlap=overlap)
 
 
 def test_a_gather_thread_that_fails_creating_its_stream_reports_it(monkeypatch):
@@ -45,14 +46,19 @@ def test_a_thread_that_ends_without_a_word_is_noticed(monkeypatch, role):
 
 
 def test_a_failing_fetch_on_the_caller_closes_the_pipeline():
-    def finish(batch):
-        raise ValueError("fetch failed")
+    class Failing(BatchAdapter):
+        def finish(self, batch):
+            raise ValueError("fetch failed")
 
-    p = Pipeline(iter([1, 2]), start=lambda b: b, finish=finish, device="cpu", lookahead=1, sample_in_thread=True,
-                 overlap=False)
+    p = Pipeline(iter([1, 2]), Failing(), device="cpu", lookahead=1, sample_in_thread=True, overlap=False)
     with pytest.raises(ValueError, match="fetch failed"):
         within(10, lambda: next(p))
     assert p._stop.is_set()
+
+
+def test_a_pipeline_takes_a_batch_adapter_and_nothing_else():
+    with pytest.raises(TypeError, match="BatchAdapter"):
+        Pipeline(iter([1]), lambda b: b, device="cpu", lookahead=1, sample_in_thread=False, overlap=False)
 
 
 def test_choose_lookahead_hides_the_fetch_behind_compute_within_its_bound():
@@ -73,7 +79,7 @@ class _FakeTier:
         self.s = {"ahead_s": 0.0, "fallback_s": 0.0, "reads": 0, "prefetched_rows": 0, "staging_rows": 1000}
 
     def stats(self):
-        return {"host": dict(self.s), "disk": {"reads": 1}}
+        return TieredStats([CacheStats("host", self.s), Stats("disk", {"reads": 1})])
 
 
 def test_auto_lookahead_picks_each_epochs_l_from_the_last_ones_fetch_and_compute():

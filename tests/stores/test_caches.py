@@ -444,7 +444,7 @@ def test_warm_refuses_bad_ids_before_reading_and_a_failed_read_gives_its_slots_b
         cache.warm(np.arange(10))
     s = cache.stats()
     assert s["cached_rows"] == 0 and s["warmed_rows"] == 0
-    assert len(cache._free) == 30  # every slot is free again
+    assert cache._table.free_count == 30  # every slot is free again
     flaky.ok = None
     assert torch.equal(cache.read(np.arange(10)), table[:10])  # the policy kept them; the rows come in now
     assert cache.warm(np.arange(20)) == 10
@@ -471,7 +471,7 @@ def test_reads_from_another_thread_while_warming_are_right(rng):
     t = threading.Thread(target=reader)
     t.start()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("directload.stores.cache._WARM_BYTES", 64 * 64)  # many rounds, so reads interleave
+        mp.setattr("directload.stores.warming.WARM_BYTES", 64 * 64)  # many rounds, so reads interleave
         cache.warm(rng.permutation(2000))
     t.join(30)
     assert not t.is_alive() and not errors
@@ -484,7 +484,7 @@ def test_a_background_warm_returns_at_once_and_reads_meanwhile_are_right(rng):
     table = random_table(rng, 3000, 16, torch.float32)
     cache = HostCache(_Flaky(table, delay=0.003), 2000 * 64, "lru", staging_bytes=100 * 64)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("directload.stores.cache._WARM_BYTES", 100 * 64)  # 20 rounds of 3 ms at least
+        mp.setattr("directload.stores.warming.WARM_BYTES", 100 * 64)  # 20 rounds of 3 ms at least
         t0 = time.perf_counter()
         assert cache.warm(np.arange(3000)[::-1], background=True) == 2000
         assert time.perf_counter() - t0 < 0.05
@@ -492,7 +492,7 @@ def test_a_background_warm_returns_at_once_and_reads_meanwhile_are_right(rng):
             cache.warm([1], background=True)
         for b in [rng.integers(1000, 3000, 64) for _ in range(10)]:  # rows it warms: none is evicted
             assert torch.equal(cache.read(b), table[torch.from_numpy(b)])
-        cache._warmer.join(30)
+        _join_warm(cache, 30)
     s = cache.stats()
     assert s["cached_rows"] == 2000 and s["warmed_rows"] + s["miss_rows"] >= 2000 - 640
     assert torch.equal(cache.read(np.arange(1000, 3000)), table[1000:])
@@ -504,7 +504,7 @@ def test_a_failing_background_warm_reaches_the_reader_and_close_never_hangs(rng)
     table = random_table(rng, 500, 2, torch.float32)
     cache = HostCache(_Flaky(table, fail_over=4), 400 * 8, "lru")
     cache.warm(np.arange(400), background=True)  # reads of more than 4 rows fail
-    cache._warmer.join(10)
+    _join_warm(cache, 10)
     with pytest.raises(OSError, match="simulated I/O error") as info:
         cache.read([1, 2])
     assert "host cache's warm thread" in " ".join(info.value.__notes__)
@@ -513,12 +513,12 @@ def test_a_failing_background_warm_reaches_the_reader_and_close_never_hangs(rng)
     cache.close()
     slow = HostCache(_Flaky(table, delay=0.2), 400 * 8, "lru")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("directload.stores.cache._WARM_BYTES", 8 * 8)  # 50 rounds of 0.2 s
+        mp.setattr("directload.stores.warming.WARM_BYTES", 8 * 8)  # 50 rounds of 0.2 s
         slow.warm(np.arange(400), background=True)
         time.sleep(0.05)
         t0 = time.perf_counter()
         slow.close()  # stops between rounds
-    assert time.perf_counter() - t0 < 2 and not slow._warmer.is_alive()
+    assert time.perf_counter() - t0 < 2 and slow.warming is None
 
 
 def test_a_tiered_background_warm_fills_the_device_tier_after_the_host_tier(tmp_path, rng):
@@ -531,8 +531,8 @@ def test_a_tiered_background_warm_fills_the_device_tier_after_the_host_tier(tmp_
     with TieredStore(packed, gpu_bytes=16 * 32, host_bytes=128 * 32, staging_bytes=0) as store:
         assert store.warm(background=True) == {"host": 128, "device": 16}
         device, host = store.tiers[0], store.tiers[1]
-        device._warmer.join(30)
-        assert not host._warmer.is_alive()
+        _join_warm(device, 30)
+        assert host.warming is None
         assert host.stats()["warmed_rows"] == 128 and device.stats()["warmed_rows"] == 16
         assert store.tiers[-1].stats()["reads"] == 1  # the host tier's 128 side-by-side rows; the device's from it
         assert torch.equal(store.read(torch.arange(128)), table[:128])
@@ -571,7 +571,7 @@ def test_one_warm_at_a_time_so_two_never_share_a_buffer(rng):
     table = random_table(rng, 2000, 64, torch.float32)
     cache = HostCache(_Flaky(table, delay=0.002), 2000 * 256, "lru")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("directload.stores.cache._WARM_BYTES", 64 * 256)  # 16 rounds of 2 ms at least
+        mp.setattr("directload.stores.warming.WARM_BYTES", 64 * 256)  # 16 rounds of 2 ms at least
         first = threading.Thread(target=cache.warm, args=(np.arange(1000),))
         first.start()
         deadline = time.monotonic() + 5
@@ -583,7 +583,7 @@ def test_one_warm_at_a_time_so_two_never_share_a_buffer(rng):
             cache.warm(np.arange(1000, 2000))
         first.join(30)
     assert cache.warm(np.arange(1000, 2000), background=True) == 1000  # after it, a warm goes on
-    cache._warmer.join(30)
+    _join_warm(cache, 30)
     rows = np.arange(2000)
     assert cache.stats()["cached_rows"] == 2000
     assert torch.equal(cache.read(rows), table)
@@ -595,13 +595,13 @@ def test_closing_a_tiered_store_while_its_tiers_warm_in_the_background_is_prompt
     table = random_table(rng, 400, 2, torch.float32)
     store = TieredStore(_Flaky(table, delay=0.2), gpu_bytes=20 * 8, host_bytes=400 * 8, staging_bytes=0)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("directload.stores.cache._WARM_BYTES", 8 * 8)  # the host tier: 50 rounds of 0.2 s
+        mp.setattr("directload.stores.warming.WARM_BYTES", 8 * 8)  # the host tier: 50 rounds of 0.2 s
         store.warm(np.arange(400), background=True)
         time.sleep(0.05)
         t0 = time.perf_counter()
         store.close()  # the GPU tier's thread, waiting for the host tier's, stops too
     assert time.perf_counter() - t0 < 2
-    assert not any(t._warmer.is_alive() for t in store.tiers[:2])
+    assert all(t.warming is None for t in store.tiers[:2])
 
 
 def test_a_thread_error_whose_type_cannot_be_rebuilt_arrives_as_runtime_error_naming_it():
@@ -617,3 +617,10 @@ def test_a_thread_error_whose_type_cannot_be_rebuilt_arrives_as_runtime_error_na
     assert type(got) is RuntimeError and "Odd('1-2')" in str(got) and "read-ahead thread" in str(got)
     key = _rethrown(KeyError("k"))
     assert type(key) is KeyError and key.args == ("k",) and key.__traceback__ is None
+
+
+def _join_warm(cache, timeout):
+    """Wait for a background warm of ``cache`` to end (it may have ended already)."""
+    w = cache._warming
+    if w is not None:
+        w.join(timeout)

@@ -364,15 +364,15 @@ def test_the_staging_buffer_comes_from_the_pinned_pool_where_cuda_runs(tmp_path,
     with memory.use_runtime(rt), _store(tmp_path, table, engine=engine, staging_bytes=1 << 20) as store:
         ids = torch.from_numpy(rng.integers(0, 3000, 2500))
         assert torch.equal(store.read(ids), table[ids])
-        staging = store._staging
+        staging = store._staging_buffer(0)
         assert staging.ctypes.data % 4096 == 0
         assert any(p <= staging.ctypes.data and staging.ctypes.data + staging.nbytes <= p + n for p, n in rt.allocs)
         # one pinned block no bigger than the pool's rounding of the buffer itself (no padding doubled it)
         assert len(rt.allocs) == 1 and rt.allocs[0][1] <= memory.PinnedPool.block_size(staging.nbytes)
-    assert store._staging is None  # closed: the staging buffer went back to the pool
+    assert store._staging.nbytes == 0  # closed: the staging buffer went back to the pool
     plain = DiskStore(tmp_path / "feat.npy", engine=engine)  # no CUDA runtime: ordinary memory
     with plain:
-        assert torch.equal(plain.read(ids), table[ids]) and plain._staging.ctypes.data % 4096 == 0
+        assert torch.equal(plain.read(ids), table[ids]) and plain._staging_buffer(1).ctypes.data % 4096 == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8, torch.int64])

@@ -37,10 +37,10 @@ class GatedStore(TensorStore):
         self.entered = threading.Event()
         self.gate = threading.Event()
 
-    def _stage(self, rows, take):
+    def _stage(self, rows, into, mapped):
         self.entered.set()
         self.gate.wait(30)
-        return super()._stage(rows, take)
+        return super()._stage(rows, into, mapped)
 
 
 def in_child(body, timeout=60):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from directload.cli import main
+from directload.harness.cli import main
 from directload.stores import DiskStore
 from directload.stores.disk_format import DATA_ALIGN
 

@@ -5,7 +5,7 @@ import json
 import pytest
 from conftest import frameworks
 
-from directload.cli import main
+from directload.harness.cli import main
 from directload.stores import verify
 from directload.units import parse_size
 
@@ -101,7 +101,7 @@ def test_packing_again_closes_the_stores_over_the_old_copy_and_the_next_ones_rea
     import torch
 
     from directload.datasets import load
-    from directload.train import TrainConfig, feature_store, pack
+    from directload.harness.train import TrainConfig, feature_store, pack
 
     assert main(["dataset", "pack", "--name", "synth-tiny", "--root", str(tmp_path), "--framework", framework,
                  "--fanouts", "4", "4", "--batch-size", "256", "--epochs", "1", "--no-progress"]) == 0
@@ -129,9 +129,9 @@ def test_tiered_options_are_checked_before_any_work(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["train", "--root", str(tmp_path), "--features", "tiered", "--host-cache", "lots", "--no-progress"])
     assert "not a size" in capsys.readouterr().err and not list(tmp_path.iterdir())
-    from directload.cli import build_parser
+    from directload.harness.cli import build_parser
+    from directload.harness.train import TrainConfig
     from directload.stores.cache import POLICY_NAMES
-    from directload.train import TrainConfig
 
     train = build_parser()._subparsers._group_actions[0].choices["train"]
     policy = next(a for a in train._actions if "--policy" in a.option_strings)

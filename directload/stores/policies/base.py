@@ -9,6 +9,21 @@ class Policy:
     """Which rows a cache of ``capacity`` rows keeps.
 
     Subclasses implement :meth:`_access`; the public methods check input.
+
+    Examples
+    --------
+    >>> from directload.stores.policies import LRU
+    >>> policy = LRU(2)                   # a cache of two rows
+    >>> policy.access([1, 2]).tolist()    # cold: both miss, and are admitted
+    [False, False]
+    >>> policy.access([2, 3]).tolist()    # 2 hits; 3 evicts 1, the least recently used
+    [True, False]
+    >>> policy.take_evicted().tolist(), sorted(policy.cached())
+    ([1], [2, 3])
+    >>> policy.access([4, 4])
+    Traceback (most recent call last):
+    ...
+    ValueError: ids of one batch must be distinct (a batch reads each row once)
     """
 
     name = "policy"
@@ -95,6 +110,13 @@ def simulate(policy, batches, *, lookahead=0, measure_from=0):
         ``accesses``, ``hits``, ``misses`` (rows read from the slower tier) and ``hit_rate``; a policy that
         fetches more than the rows it misses (:class:`~directload.stores.policies.Correlation`) adds
         ``fetched_bytes``.
+
+    Examples
+    --------
+    >>> from directload.stores.policies import LRU
+    >>> result = simulate(LRU(2), [[1, 2], [2, 3], [1, 2]])
+    >>> result["hits"], result["misses"]
+    (1, 5)
     """
     batches = [np.unique(np.asarray(b, np.int64)) for b in batches]
     hits = accesses = 0

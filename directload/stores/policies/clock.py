@@ -6,6 +6,17 @@ from .base import Policy
 
 
 class Clock(Policy):
+    """CLOCK: a ring of slots with a reference bit, an approximation of LRU.
+
+    Examples
+    --------
+    >>> policy = Clock(2)
+    >>> policy.access([1, 2]).tolist(), policy.access([1, 3]).tolist()  # 1 was referenced: 2 goes
+    ([False, False], [True, False])
+    >>> sorted(policy.cached()), policy.take_evicted().tolist()
+    ([1, 3], [2])
+    """
+
     name = "clock"
 
     def __init__(self, capacity):

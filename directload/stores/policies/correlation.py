@@ -17,6 +17,21 @@ from .base import Policy
 
 
 class Correlation(Policy):
+    """Pages with correlation prefetch (DeepUM-style), a baseline that counts the bytes it fetches.
+
+    ``capacity`` rows of ``row_bytes`` become as many bytes of pages of ``page_bytes``.
+
+    Examples
+    --------
+    >>> policy = Correlation(4, row_bytes=1024, page_bytes=4096)  # room for one page of four rows
+    >>> policy.access([0]).tolist()        # a miss fetches row 0's whole page
+    [False]
+    >>> policy.access([1, 2, 5]).tolist()  # 1 and 2 share that page; 5 fetches the next one
+    [True, True, False]
+    >>> policy.fetched_bytes, sorted(policy.cached())
+    (8192, [4, 5, 6, 7])
+    """
+
     name = "deepum"
 
     def __init__(self, capacity, row_bytes, page_bytes=4096, degree=2):

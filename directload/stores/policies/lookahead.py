@@ -28,6 +28,31 @@ def _grown(a, n, fill):
 
 
 class LookAhead(Policy):
+    """Belady over the batches the loader already knows: keep the rows whose next use is nearest.
+
+    Parameters
+    ----------
+    capacity : int
+        Rows the cache holds.
+    window : int, optional
+        Batches ahead it expects (None: whatever :meth:`see` shows).
+    fallback : {"recency", "frequency"}
+        How rows with no known next use are ordered: most recently used first, or most often read.
+    slack : int
+        Rows a full cache leaves free at each batch, so the next batches' misses fit without a pass over
+        every held row.
+
+    Examples
+    --------
+    A one-row cache, with the batches ahead in view: it keeps row 1, read again two batches later, where
+    LRU keeps row 2.
+
+    >>> from directload.stores.policies import LRU, simulate
+    >>> batches = [[1], [2], [1]]
+    >>> simulate(LookAhead(1), batches, lookahead=2)["hits"], simulate(LRU(1), batches)["hits"]
+    (1, 0)
+    """
+
     name = "lookahead"
 
     def __init__(self, capacity, window=None, fallback="recency", slack=0):
@@ -127,7 +152,14 @@ class LookAhead(Policy):
 
 def belady(capacity):
     """Belady's optimum over the whole epoch: :class:`LookAhead` shown every remaining batch
-    (``simulate(..., lookahead=None)``).  For evaluation: no real loader sees that far."""
+    (``simulate(..., lookahead=None)``).  For evaluation: no real loader sees that far.
+
+    Examples
+    --------
+    >>> from directload.stores.policies import simulate
+    >>> simulate(belady(1), [[1], [2], [1]], lookahead=None)["hits"]
+    1
+    """
     p = LookAhead(capacity, window=None)
     p.name = "belady"
     return p

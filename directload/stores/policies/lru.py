@@ -8,6 +8,17 @@ from .base import Policy
 
 
 class LRU(Policy):
+    """Least recently used, row by row.
+
+    Examples
+    --------
+    >>> policy = LRU(2)
+    >>> policy.access([1, 2]).tolist(), policy.access([1, 3]).tolist()  # 3 evicts 2, used longest ago
+    ([False, False], [True, False])
+    >>> sorted(policy.cached())
+    [1, 3]
+    """
+
     name = "lru"
 
     def __init__(self, capacity):

@@ -9,6 +9,18 @@ from .base import Policy
 
 
 class S3FIFO(Policy):
+    """S3-FIFO: a small FIFO (``small`` of the capacity) that filters rows read once, a main FIFO with
+    lazy promotion, and a ghost FIFO of ids recently dropped from the small one.
+
+    Examples
+    --------
+    >>> policy = S3FIFO(10)
+    >>> policy.access([1, 2, 3]).tolist(), policy.access([1]).tolist()
+    ([False, False, False], [True])
+    >>> sorted(policy.cached())
+    [1, 2, 3]
+    """
+
     name = "s3fifo"
 
     def __init__(self, capacity, small=0.1):

@@ -7,6 +7,17 @@ from .base import Policy
 
 
 class Sieve(Policy):
+    """SIEVE: a FIFO with a visited bit; the hand clears bits from the oldest row on and evicts the first unvisited.
+
+    Examples
+    --------
+    >>> policy = Sieve(2)
+    >>> policy.access([1, 2]).tolist(), policy.access([1, 3]).tolist()  # 1 was visited: 2 goes
+    ([False, False], [True, False])
+    >>> sorted(policy.cached())
+    [1, 3]
+    """
+
     name = "sieve"
 
     def __init__(self, capacity):

@@ -10,6 +10,15 @@ from .base import Policy
 
 
 class Static(Policy):
+    """The ``capacity`` rows of highest score (above zero), fixed up front; misses pass through.
+
+    Examples
+    --------
+    >>> policy = Static(2, scores=[0, 5, 1, 9])
+    >>> sorted(policy.cached()), policy.access([1, 2]).tolist()
+    ([1, 3], [True, False])
+    """
+
     name = "static"
 
     def __init__(self, capacity, scores, name="static"):
@@ -27,12 +36,24 @@ class Static(Policy):
 
 
 def degree(capacity, in_degrees):
-    """The rows of highest in-degree (a row read by many neighbours is read often)."""
+    """The rows of highest in-degree (a row read by many neighbours is read often).
+
+    Examples
+    --------
+    >>> sorted(degree(2, in_degrees=[3, 0, 7]).cached())
+    [0, 2]
+    """
     return Static(capacity, np.asarray(in_degrees, np.float64) + 1e-9, name="degree")
 
 
 def presample(capacity, batches, num_rows):
-    """The rows that ``batches`` (K pre-sampled batches) read most often."""
+    """The rows that ``batches`` (K pre-sampled batches) read most often.
+
+    Examples
+    --------
+    >>> sorted(presample(1, [[0, 1], [1]], num_rows=3).cached())
+    [1]
+    """
     counts = np.zeros(num_rows, np.int64)
     for b in batches:
         np.add.at(counts, np.unique(np.asarray(b, np.int64)), 1)

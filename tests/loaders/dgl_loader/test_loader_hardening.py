@@ -107,7 +107,7 @@ def test_one_epoch_shared_by_two_threads_delivers_every_batch_once(graph, sample
         assert len(got) == len(loader) == 30 and torch.equal(seeds.sort().values, torch.arange(300))
 
 
-@pytest.mark.parametrize("module", ["directload.loaders.dgl", "directload.train_dgl"])
+@pytest.mark.parametrize("module", ["directload.loaders.dgl", "directload.harness.train_dgl"])
 def test_importing_the_dgl_side_leaves_the_environment_and_home_as_they_were(tmp_path, module):
     import os
     import subprocess

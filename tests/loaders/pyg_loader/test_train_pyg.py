@@ -6,7 +6,7 @@ import torch
 from torch_geometric.data import Data
 from torch_geometric.loader import NeighborLoader
 
-from directload.train_pyg import GAT, SAGE, hop_counts
+from directload.harness.train_pyg import GAT, SAGE, hop_counts
 
 
 def _batches(n=1500, e=15000, fanouts=(5, 4, 3), count=4):

@@ -9,9 +9,10 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
+from directload.harness.train import SIDES
+from directload.harness.train_inputs import FEATURE_MODES
 from directload.stores.cache import POLICY_NAMES
-from directload.train import SIDES
-from directload.train_inputs import FEATURE_MODES
+from directload.units import check_int
 
 __all__ = ["main", "build_parser", "add_train_arguments", "run_training", "report_name", "HelpFormatter"]
 
@@ -22,7 +23,7 @@ DESCRIPTION = ("directload: zero-copy GPU feature loading for mini-batch GNN tra
 _BENCH = {"gather": "gather_bandwidth.py", "alignment": "alignment_sweep.py", "unified": "unified_gather.py",
           "loader": "loader_e2e.py", "gpu": "gpu_suite.py", "disk": "disk_read.py", "cache": "cache_policies.py",
           "ooc": "out_of_core.py", "pack": "hot_packing.py", "pyg": "pyg_idioms.py"}
-_SOURCE_TREE = Path(__file__).resolve().parent.parent
+_SOURCE_TREE = Path(__file__).resolve().parents[2]  # the checkout: directload/harness/cli.py
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -41,9 +42,10 @@ def _int_at_least(low):
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
-        return value
+        try:
+            return check_int("value", value, low=low)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}") from None
 
     parse.__name__ = f"integer >= {low}"
     return parse
@@ -109,7 +111,7 @@ def _pack(args):
 
     from directload.capabilities import require
     from directload.datasets import PRESETS, check_name, dataset_exists, load, synthesize
-    from directload.train import TrainConfig, pack, resolve_depth
+    from directload.harness.train import TrainConfig, pack, resolve_depth
 
     check_name(args.name)
     layers, fanouts = resolve_depth(None, args.fanouts)
@@ -187,7 +189,7 @@ def _size(text):
 
 
 def _memory_limit(text):
-    from directload.memcap import parse_limit
+    from directload.harness.memcap import parse_limit
 
     try:
         return parse_limit(text)
@@ -272,11 +274,11 @@ def run_training(args, models, loaders, seeds, name):
     argv that ran this) is started again there, and this process waits for it."""
     import torch
 
-    from directload import memcap
     from directload.capabilities import capabilities, require, usable_device
     from directload.datasets import PRESETS, check_name, dataset_exists, load, synthesize
-    from directload.experiments import compare, print_summary, write_report
-    from directload.train import TrainConfig, resolve_depth
+    from directload.harness import memcap
+    from directload.harness.experiments import compare, print_summary, write_report
+    from directload.harness.train import TrainConfig, resolve_depth
 
     # Bad arguments get their own error before any work, a missing framework after them.
     device = usable_device(args.device)
@@ -329,7 +331,7 @@ def _feature_files(args, features):
     """The dataset's feature files (the .npy, and the disk store with ``--features disk``, written here on
     first use, and the packed store with ``--packed``), or none when its features live inside OGB's archive."""
     from directload.datasets import FEATURE_FILE, convert, dataset_dir
-    from directload.train import DISK_FILE, PACKED_FILE
+    from directload.harness.train import DISK_FILE, PACKED_FILE
 
     base = dataset_dir(args.root, args.dataset)
     npy = base / "raw" / FEATURE_FILE
@@ -469,7 +471,7 @@ def main(argv=None):
     Errors are printed as one line (``directload: error: ...``, exit status
     1); ``--debug`` prints the traceback instead.
     """
-    from directload.memcap import enter_capped_child
+    from directload.harness.memcap import enter_capped_child
 
     enter_capped_child()  # a capped child dies with its guardian
     argv = list(sys.argv[1:] if argv is None else argv)

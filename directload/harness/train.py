@@ -1,7 +1,7 @@
 """End-to-end GraphSAGE / GAT mini-batch training, the framework's stock loader against directload's.
 
 The loop, its timing and its configuration are shared; the models and loaders
-come from :mod:`directload.train_dgl` (DGL) or :mod:`directload.train_pyg`
+come from :mod:`directload.harness.train_dgl` (DGL) or :mod:`directload.harness.train_pyg`
 (PyG), imported only for the framework a run asks for.
 """
 
@@ -30,9 +30,9 @@ __all__ = ["TrainConfig", "EpochStats", "RunResult", "train", "evaluate", "Timed
 
 
 #: Each framework's side of a run, by name: a module with ``build_model``, ``make_loader``, ``input_nodes``,
-#: ``epoch``, ``forward`` and ``seed``.  A side imports :mod:`directload.train_inputs`, never this module, and
+#: ``epoch``, ``forward`` and ``seed``.  A side imports :mod:`directload.harness.train_inputs`, never this module, and
 #: is imported only when a run asks for its framework.
-SIDES = {"dgl": "directload.train_dgl", "pyg": "directload.train_pyg"}
+SIDES = {"dgl": "directload.harness.train_dgl", "pyg": "directload.harness.train_pyg"}
 
 
 def register_framework(name, module):
@@ -130,14 +130,12 @@ class TrainConfig:
         self.layers, self.fanouts = resolve_depth(self.layers, self.fanouts)
         from directload.loaders.pipeline import check_lookahead
         from directload.stores.cache import POLICY_NAMES
-        from directload.units import check_bytes
+        from directload.units import check_bytes, check_int
 
         check_lookahead(self.lookahead)  # the loaders' own check
         for name in ("hidden", "heads", "batch_size", "eval_batch_size", "epochs"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
+            check_int(name, getattr(self, name))
+        check_int("num_workers", self.num_workers, low=0)
         if self.features not in FEATURE_MODES:
             raise ValueError(f"features must be one of {FEATURE_MODES}, got {self.features!r}")
         for name in ("gpu_cache", "host_cache", "staging"):  # the caches' own check (staging may be None)

@@ -1,6 +1,6 @@
 """What a training run's loaders read: the feature table in memory (timed, or mapped from its file) and the
-disk and tiered stores over the dataset's feature files.  The frameworks' sides (:mod:`directload.train_dgl`,
-:mod:`directload.train_pyg`) and :mod:`directload.train` import it; it imports neither.
+disk and tiered stores over the dataset's feature files.  The frameworks' sides (:mod:`directload.harness.train_dgl`,
+:mod:`directload.harness.train_pyg`) and :mod:`directload.harness.train` import it; it imports neither.
 """
 
 import time

@@ -1,4 +1,4 @@
-"""PyG's side of :mod:`directload.train`: GraphSAGE and GAT with PyG's convolutions, PyG's NeighborLoader
+"""PyG's side of :mod:`directload.harness.train`: GraphSAGE and GAT with PyG's convolutions, PyG's NeighborLoader
 or directload's."""
 
 import torch

@@ -1,4 +1,4 @@
-"""DGL's side of :mod:`directload.train`: GraphSAGE and GAT over blocks, DGL's loader or directload's."""
+"""DGL's side of :mod:`directload.harness.train`: GraphSAGE and GAT over blocks, DGL's loader or directload's."""
 
 import warnings
 
