@@ -63,13 +63,6 @@ class Tracer:
             self._on = False
 
 
-def trace(fn):
-    """Run ``fn()`` under a profiler on this thread; the package files the trace stood in, one per step."""
-    with Tracer() as t:
-        t.record(fn)
-    return t.steps[threading.get_ident()]
-
-
 def trip_moves(steps_by_thread):
     """``(moves, moves back, files, threads, paths)`` of a trip over several threads: each thread's path
     counted on its own, the counts added."""

@@ -101,9 +101,14 @@ class FeatureSource:
         self.loader = loader
         self.graph = loader.graph
         self.features = dict(features or {})
+        for name, table in self.given_tables():
+            check_table(f"features[{name!r}]", table)
+
+    def given_tables(self):
+        """``(name, table)`` of every table given in ``features=`` (each node type's, on a heterogeneous graph)."""
         for name, given in self.features.items():
             for table in (given.values() if isinstance(given, Mapping) else [given]):
-                check_table(f"features[{name!r}]", table)
+                yield name, table
 
     def table(self, key, ntype):
         """The table behind node field ``key`` of ``ntype`` now: ``features=``, else the graph's."""
@@ -282,5 +287,4 @@ class DGLBatches(BatchAdapter):
         return finish_batch(started, self.source)
 
     def stores(self):
-        return [t for given in self.source.features.values()
-                for t in (given.values() if isinstance(given, Mapping) else [given]) if isinstance(t, FeatureStore)]
+        return [t for _, t in self.source.given_tables() if isinstance(t, FeatureStore)]
