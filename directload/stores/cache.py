@@ -385,8 +385,8 @@ class Cache(FeatureStore):
                     self._takes.append(take)
             finally:
                 self._demand -= 1
+                self._stats["read_s"] += time.perf_counter() - t0  # under the lock: reads run on many threads
                 self._lock.notify_all()
-        self._stats["read_s"] += time.perf_counter() - t0
         return deliver(result, out, out_device)
 
     def _query(self, uniq):

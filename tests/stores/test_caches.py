@@ -132,9 +132,9 @@ class _Flaky(FeatureStore):
     """A store whose reads take ``delay`` seconds, and fail after ``ok`` of them (a disk going bad), or
     fail when they read more than ``fail_over`` rows."""
 
-    def __init__(self, table, ok=None, delay=0.0, fail_over=None):
+    def __init__(self, table, ok=None, delay=0.0, fail_over=None, gate=None):
         super().__init__()
-        self.table, self.ok, self.delay, self.fail_over = table, ok, delay, fail_over
+        self.table, self.ok, self.delay, self.fail_over, self.gate = table, ok, delay, fail_over, gate
 
     num_rows = property(lambda self: self.table.shape[0])
     row_shape = property(lambda self: tuple(self.table.shape[1:]))
@@ -144,6 +144,8 @@ class _Flaky(FeatureStore):
         from directload.stores import ReadFuture
 
         time.sleep(self.delay)
+        if self.gate is not None:
+            assert self.gate.wait(10), "the test never opened the gate"
         if self.fail_over is not None and len(index) > self.fail_over:
             raise OSError(5, "simulated I/O error")
         if self.ok is not None:
@@ -192,20 +194,28 @@ def test_close_with_reads_ahead_in_flight_returns_promptly_and_reads_then_fail(r
 
 
 def test_a_demand_read_waits_for_rows_in_flight_instead_of_reading_them_again(rng):
+    # No sleeps to race against: the store below holds every read until the test opens its gate, and the
+    # gate opens only once the demand read is seen waiting (a 0.3 s delay raced a loaded CI machine).
     table = random_table(rng, 100, 2, torch.float32)
-    slow = _Flaky(table, delay=0.3)
+    gate = threading.Event()
+    slow = _Flaky(table, gate=gate)
     calls = []
     original = slow._read_async
     slow._read_async = lambda *a: (calls.append(len(a[0])), original(*a))[1]
     with HostCache(slow, 0, "lru", staging_bytes=100 * 8) as cache:
         cache.prefetch(np.arange(20))
         deadline = time.monotonic() + 10
-        while not calls:  # until the read-ahead thread is reading rows 0..19 (for 0.3 s)
+        while not calls:  # until the read-ahead thread is reading rows 0..19 (held at the gate)
             assert time.monotonic() < deadline
             time.sleep(0.005)
-        got = cache.read(np.arange(20))
+        future = cache.read_async(np.arange(20))
+        while cache.stats()["inflight_waits"] < 1:  # the demand read waits for the rows in flight
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        gate.set()
+        got = future.wait()
         assert torch.equal(got, table[:20])
-        assert calls == [20] and cache.stats()["inflight_waits"] >= 1
+        assert calls == [20]
 
 
 def test_reads_from_many_threads_with_read_ahead_are_all_right(rng):
@@ -482,12 +492,13 @@ def test_reads_from_another_thread_while_warming_are_right(rng):
 
 def test_a_background_warm_returns_at_once_and_reads_meanwhile_are_right(rng):
     table = random_table(rng, 3000, 16, torch.float32)
-    cache = HostCache(_Flaky(table, delay=0.003), 2000 * 64, "lru", staging_bytes=100 * 64)
+    gate = threading.Event()  # every read of the store below waits for it: warm must return before
+    cache = HostCache(_Flaky(table, delay=0.003, gate=gate), 2000 * 64, "lru", staging_bytes=100 * 64)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("directload.stores.warming.WARM_BYTES", 100 * 64)  # 20 rounds of 3 ms at least
-        t0 = time.perf_counter()
         assert cache.warm(np.arange(3000)[::-1], background=True) == 2000
-        assert time.perf_counter() - t0 < 0.05
+        assert cache.warming is not None  # it returned with its first round held at the gate
+        gate.set()
         with pytest.raises(RuntimeError, match="warming already"):
             cache.warm([1], background=True)
         for b in [rng.integers(1000, 3000, 64) for _ in range(10)]:  # rows it warms: none is evicted
