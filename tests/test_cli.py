@@ -161,9 +161,9 @@ def test_every_help_of_every_command_prints():
 
 HELP_OF_EVERY_BENCHMARK = """
 import contextlib, io, runpy, sys
-from directload.harness.cli import _BENCH, _SOURCE_TREE
+from directload.harness.cli import _SOURCE_TREE, BENCH_SCRIPTS
 failed = []
-for which, script in sorted(_BENCH.items()):
+for which, script in sorted(BENCH_SCRIPTS.items()):
     sys.argv = [script, "--help"]
     out = io.StringIO()
     try:
@@ -186,3 +186,9 @@ def test_every_benchmarks_help_prints():
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     cache = _run("bench", "cache", "--help")  # through the command line (a stray % crashed argparse here)
     assert cache.returncode == 0 and cache.stdout.startswith("usage:") and "Traceback" not in cache.stderr
+
+
+def test_bench_versus_refuses_a_ref_that_names_no_commit_before_any_work():
+    proc = _run("bench", "versus", "--ref", "no-such-ref-here", "--", "loader")
+    assert proc.returncode == 2 and "'no-such-ref-here' is not a commit of this checkout" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -14,15 +14,18 @@ from directload.harness.train_inputs import FEATURE_MODES
 from directload.stores.cache import POLICY_NAMES
 from directload.units import check_int
 
-__all__ = ["main", "build_parser", "add_train_arguments", "run_training", "report_name", "HelpFormatter"]
+__all__ = ["main", "build_parser", "add_train_arguments", "run_training", "report_name", "HelpFormatter",
+           "BENCH_SCRIPTS"]
 
 DESCRIPTION = ("directload: zero-copy GPU feature loading for mini-batch GNN training, with drop-ins for DGL's "
                "DataLoader and PyG's NeighborLoader, datasets in OGB's layout, and side-by-side training against "
                "the frameworks' own loaders.  Everything also runs on a machine without a GPU.")
 
-_BENCH = {"gather": "gather_bandwidth.py", "alignment": "alignment_sweep.py", "unified": "unified_gather.py",
-          "loader": "loader_e2e.py", "gpu": "gpu_suite.py", "disk": "disk_read.py", "cache": "cache_policies.py",
-          "ooc": "out_of_core.py", "pack": "hot_packing.py", "pyg": "pyg_idioms.py"}
+#: ``directload bench NAME``: the script of benchmarks/ that NAME runs.
+BENCH_SCRIPTS = {"gather": "gather_bandwidth.py", "alignment": "alignment_sweep.py", "unified": "unified_gather.py",
+                 "loader": "loader_e2e.py", "gpu": "gpu_suite.py", "disk": "disk_read.py",
+                 "cache": "cache_policies.py", "ooc": "out_of_core.py", "pack": "hot_packing.py",
+                 "pyg": "pyg_idioms.py", "versus": "versus.py"}
 _SOURCE_TREE = Path(__file__).resolve().parents[2]  # the checkout: directload/harness/cli.py
 
 
@@ -166,9 +169,9 @@ def _verify(args):
 
 
 def _bench(args):
-    path = _SOURCE_TREE / "benchmarks" / _BENCH[args.which]
+    path = _SOURCE_TREE / "benchmarks" / BENCH_SCRIPTS[args.which]
     if not path.exists():
-        raise FileNotFoundError(f"benchmarks/{_BENCH[args.which]} is not in this installation: run it from a "
+        raise FileNotFoundError(f"benchmarks/{BENCH_SCRIPTS[args.which]} is not in this installation: run it from a "
                                 "source checkout")
     return subprocess.call([sys.executable, str(path), *args.rest], env=os.environ.copy())
 
@@ -437,11 +440,12 @@ def build_parser():
     p.set_defaults(func=_verify)
 
     p = command(sub, "bench", "run a benchmark script from benchmarks/ (each prints a table, writes JSON and PNG)")
-    p.add_argument("which", choices=sorted(_BENCH),
+    p.add_argument("which", choices=sorted(BENCH_SCRIPTS),
                    help="gather: gather bandwidth; alignment: the alignment sweep; unified: unified-tensor "
                         "gathers; disk: random row reads from disk, DiskStore against fio and np.memmap; "
                         "loader: training epochs, DGL's loader against ours (GraphSAGE by default); "
-                        "pyg: PyG's example idioms, PyG's loader against ours; gpu: the GPU suite")
+                        "pyg: PyG's example idioms, PyG's loader against ours; gpu: the GPU suite; versus: "
+                        "one of these against the same benchmark of an earlier commit")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the script (see its --help)")
     p.set_defaults(func=_bench)
 

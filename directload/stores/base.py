@@ -300,14 +300,21 @@ class FeatureStore:
         return self._copy_stage(rows, into)
 
     def _copy_stage(self, rows, into):
-        """``rows`` read into ``into``'s buffer, one after another."""
+        """``rows`` read into ``into``'s buffer, one after another (through :meth:`_read_into`)."""
         n, rnb = rows.shape[0], self.row_nbytes
         row_elems = int(np.prod(self.row_shape, dtype=np.int64))
         if not n * rnb:
             return Staged(torch.zeros(0, dtype=self.dtype), np.zeros(n, np.int64))
         buf = torch.from_numpy(into(n * rnb)[:n * rnb]).view(self.dtype)
-        self.read(torch.from_numpy(rows), out=buf.view(n, *self.row_shape), device="cpu")
+        self._read_into(rows, buf.view(n, *self.row_shape))
         return Staged(buf, np.arange(n, dtype=np.int64) * row_elems)
+
+    def _read_into(self, rows, out):
+        """Read checked ``rows`` (int64 numpy, in range) into the host tensor ``out`` and wait: the read
+        behind the default staging, without a public read's checks a second time (:meth:`stage` made
+        them)."""
+        cpu = torch.device("cpu")
+        deliver(self._read_async(torch.from_numpy(rows), out, cpu, cpu).wait(), out, cpu)  # a store may not fill out
 
     def hot_ids(self):
         """The row ids most worth caching, most wanted first, where the store knows them (a disk store

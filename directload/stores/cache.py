@@ -482,16 +482,12 @@ class Cache(FeatureStore):
         st["demand_bytes"] += int(q.miss.sum()) * self.row_nbytes
         st["batches_over_capacity"] += q.uniq.shape[0] > self.capacity_rows
 
-    def _stage(self, rows, into, mapped):
-        """The tier contract for a cache above this one: the rows read (hits from slots, misses through this
-        cache's own fallback) straight into ``into``."""
-        n, rnb = rows.shape[0], self.row_nbytes
-        if not n * rnb:
-            return Staged(torch.zeros(0, dtype=self.dtype), np.zeros(n, np.int64))
+    def _read_into(self, rows, out):
+        """Staging for a cache above this one (the default :meth:`_stage`): hits from slots, misses through
+        this cache's own fallback, read on the caller's thread (it waits for them anyway)."""
         self._this_process()
-        buf = torch.from_numpy(into(n * rnb)[:n * rnb]).view(self.dtype)
-        self._read(rows, buf.view(n, *self.row_shape), torch.device("cpu"), torch.device("cpu"))
-        return Staged(buf, np.arange(n, dtype=np.int64) * self._row_elems)
+        cpu = torch.device("cpu")
+        self._read(rows, out, cpu, cpu)
 
     # ------------------------------------------------------------ slots
     def _evict(self, rows):
