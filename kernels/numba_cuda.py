@@ -4,7 +4,7 @@ import contextlib
 from types import SimpleNamespace
 
 import numpy as np
-from numba import cuda, types
+from numba import config, cuda, types
 from numba.extending import register_jitable
 from numba.np.numpy_support import from_dtype
 
@@ -215,8 +215,8 @@ def launch(src, index, out, *, aligned=True, stream=0):
     Returns -1 (a GPU launch has nothing to flag).
     """
     check_launch(src, index, out)
-    gather_rows(cuda.as_cuda_array(cuda_array(src)), cuda.as_cuda_array(index), cuda.as_cuda_array(out),
-                aligned=aligned, stream=cuda.external_stream(stream) if stream else 0)
+    gather_rows(_device_array(src), _device_array(index), _device_array(out), aligned=aligned,
+                stream=_stream(stream))
     return -1
 
 
@@ -224,9 +224,21 @@ def launch_tiered(cache, flat, where, out, *, aligned=True, stream=0):
     """The backends' shared tiered launch (see ``kernels.tiered.launch_tiered``) on Numba CUDA: torch
     tensors, ``cache`` in device or mapped memory, ``flat`` mapped, ``where`` checked, ``stream`` a
     ``cudaStream_t``; nothing synchronises."""
-    gather_tiered_rows(cuda.as_cuda_array(cuda_array(cache)), cuda.as_cuda_array(cuda_array(flat)),
-                       cuda.as_cuda_array(where), cuda.as_cuda_array(out), aligned=aligned,
-                       stream=cuda.external_stream(stream) if stream else 0)
+    gather_tiered_rows(_device_array(cache), _device_array(flat), _device_array(where), _device_array(out),
+                       aligned=aligned, stream=_stream(stream))
+
+
+def _device_array(t):
+    """The torch tensor ``t`` (CUDA, or pinned host memory) as a Numba device array over its memory, no copy;
+    under Numba's CUDA simulator, whose kernels run on host arrays, its numpy view (the same memory)."""
+    if config.ENABLE_CUDASIM:
+        return t.numpy()
+    return cuda.as_cuda_array(cuda_array(t))
+
+
+def _stream(handle):
+    """A ``cudaStream_t`` as Numba's stream (0: the default stream)."""
+    return cuda.external_stream(handle) if handle else 0
 
 
 def kernel_signature(aligned, elem_dtype, index_dtype):
