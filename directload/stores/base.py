@@ -61,8 +61,14 @@ class ReadFuture:
     (True, [1.0, 1.0])
     """
 
-    def __init__(self, run=None, *, future=None, result=None, done=None):
-        self._run, self._future, self._result, self._done = run, future, result, done
+    #: What a ``steal`` callable returns when the work had started on its thread already.
+    NOT_STOLEN = object()
+
+    def __init__(self, run=None, *, future=None, result=None, done=None, steal=None):
+        # steal: with ``future``, called by wait() with the future: where the work had not started it cancels
+        # the future and does the work on the waiting thread (two thread switches spared, the same result),
+        # else it returns NOT_STOLEN and wait() waits for the future
+        self._run, self._future, self._result, self._done, self._steal = run, future, result, done, steal
         self._error = None
         self._lock = threading.Lock()
         self._pid = os.getpid()
@@ -82,12 +88,15 @@ class ReadFuture:
             # An Exception is the read's outcome, kept for every later wait(); a KeyboardInterrupt or
             # SystemExit while waiting is not, and leaves the read to be waited for again.
             if self._future is not None:
+                got = ReadFuture.NOT_STOLEN
                 try:
-                    self._result = self._future.result()
+                    if self._steal is not None:
+                        got = self._steal(self._future)
+                    self._result = self._future.result() if got is ReadFuture.NOT_STOLEN else got
                 except Exception as exc:  # the worker's own exception, traceback intact
                     self._error = exc
-                self._future = None
-            elif self._run is not None:
+                self._future = self._steal = None
+            if self._run is not None:
                 try:
                     self._result = self._run()
                 except Exception as exc:

@@ -19,6 +19,7 @@ demand; a cache of no slots passes every read through, and its stats say so.
 """
 
 import copy
+import functools
 import os
 import threading
 import time
@@ -152,6 +153,7 @@ class Cache(FeatureStore):
         self._lock = threading.Condition()
         self._batch = 0  # reads matched to announced batches so far (the policy's clock)
         self._demand = 0  # demand reads waiting: the read-ahead and the warming rounds yield to them
+        self._stolen = 0  # reads their waiters run (see _steal): close() waits for them
         self._error = None
         self._warming = None  # the Warming running, one at a time
         self._takes = []  # demand buffers not in use: each read with misses takes one while it reads
@@ -178,7 +180,7 @@ class Cache(FeatureStore):
         self._submit_lock = threading.Lock()
         self._table.keep_cached_only()
         self._announced.clear()
-        self._demand = 0
+        self._demand = self._stolen = 0
         self._warming, self._reader, self._ahead = None, None, None
         self._takes, self._ahead_take = [], StagingBuffer()
         self._pid = None  # the threads start at the first use
@@ -343,7 +345,22 @@ class Cache(FeatureStore):
         ids = index.cpu().numpy().astype(np.int64, copy=True)  # the caller may reuse its ids at once
         with self._submit_lock:  # ClosedError once closed, never the executor's "cannot schedule"
             self._check_open()
-            return ReadFuture(future=self._reader.submit(self._read, ids, out, run_device, out_device))
+            work = functools.partial(self._read, ids, out, run_device, out_device)
+            return ReadFuture(future=self._reader.submit(work), steal=functools.partial(self._steal, work))
+
+    def _steal(self, work, future):
+        """A wait() before a reader thread took the read: the read runs on the waiting thread (and close()
+        waits for it as for the readers); ``ReadFuture.NOT_STOLEN`` where a reader has it."""
+        with self._lock:
+            if not future.cancel():
+                return ReadFuture.NOT_STOLEN
+            self._stolen += 1
+        try:
+            return work()
+        finally:
+            with self._lock:
+                self._stolen -= 1
+                self._lock.notify_all()
 
     def _read(self, ids, out, run_device, out_device):
         """query -> stage misses -> fused gather -> admit."""
@@ -631,6 +648,9 @@ class Cache(FeatureStore):
         if self._reader is not None and self._pid == os.getpid():
             on_reader = threading.current_thread() in getattr(self._reader, "_threads", ())
             self._reader.shutdown(wait=not on_reader)  # reads in flight finish first
+            with self._lock:
+                while self._stolen:  # ... and reads their waiters took off the queue
+                    self._lock.wait(0.05)
         for worker in (self._ahead, self._warming):
             if worker is not None:
                 worker.join(timeout=30)

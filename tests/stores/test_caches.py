@@ -218,6 +218,67 @@ def test_a_demand_read_waits_for_rows_in_flight_instead_of_reading_them_again(rn
         assert calls == [20]
 
 
+class _GatedHigh(_Flaky):
+    """Reads of rows 50 and up wait at the gate; the others go through (and say on which thread)."""
+
+    def __init__(self, table, gate):
+        super().__init__(table)
+        self.high_gate, self.threads, self.held = gate, [], []
+
+    def _read_async(self, index, out, run_device, out_device):
+        if int(index.min()) >= 50:
+            self.held.append(threading.current_thread())
+            assert self.high_gate.wait(10), "the test never opened the gate"
+        else:
+            self.threads.append(threading.current_thread())
+        return super()._read_async(index, out, run_device, out_device)
+
+
+def test_a_wait_before_any_reader_took_the_read_runs_it_on_the_waiting_thread(rng):
+    # every reader thread held at the gate: the next read stays queued, and its wait() runs it here instead
+    # of waiting for a reader (the reader hop costs two thread switches per read when nothing overlaps)
+    from directload.stores.cache import _READERS
+
+    table = random_table(rng, 100, 2, torch.float32)
+    gate = threading.Event()
+    store = _GatedHigh(table, gate)
+    cache = HostCache(store, 0, "lru")
+    held = [cache.read_async([50 + k]) for k in range(_READERS)]
+    got = cache.read_async(np.arange(10)).wait()  # returns although every reader waits at the gate
+    assert torch.equal(got, table[:10]) and store.threads == [threading.current_thread()]
+    gate.set()
+    for k, future in enumerate(held):
+        assert torch.equal(future.wait(), table[[50 + k]])
+    cache.close()
+
+
+def test_close_waits_for_a_read_its_waiter_runs(rng):
+    from directload.stores.cache import _READERS
+
+    table = random_table(rng, 100, 2, torch.float32)
+    gate = threading.Event()
+    store = _GatedHigh(table, gate)
+    cache = HostCache(store, 0, "lru")
+    held = [cache.read_async([50 + k]) for k in range(_READERS)]
+    stolen = cache.read_async([60, 61])
+    result = {}
+    waiter = threading.Thread(target=lambda: result.setdefault("rows", stolen.wait()))
+    waiter.start()  # runs the queued read itself, and waits at the gate in it
+    deadline = time.monotonic() + 10
+    while waiter not in store.held:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    closer = threading.Thread(target=cache.close)
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive()  # close() waits for the read on the waiter's thread, as for the readers'
+    gate.set()
+    closer.join(10)
+    waiter.join(10)
+    assert not closer.is_alive() and torch.equal(result["rows"], table[[60, 61]])
+    assert all(torch.equal(f.wait(), table[[50 + k]]) for k, f in enumerate(held))
+
+
 def test_reads_from_many_threads_with_read_ahead_are_all_right(rng):
     table = random_table(rng, 1000, 4, torch.float32)
     errors = []
