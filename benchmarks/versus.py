@@ -161,13 +161,32 @@ def compare(before, after, patterns):
     return rows
 
 
+def shared_prefix(names):
+    """The dotted prefix every name but ``wall_s`` shares (a report's file stem), to print once.  Pure.
+
+    Examples
+    --------
+    >>> shared_prefix(["r.summary.a", "r.summary.b", "wall_s"])
+    'r.summary.'
+    """
+    parts = [n.split(".")[:-1] for n in names if n != "wall_s"]
+    if not parts:
+        return ""
+    common = []
+    for level in zip(*parts):
+        if len(set(level)) > 1:
+            break
+        common.append(level[0])
+    return ".".join(common) + "." if common else ""
+
+
 def _cell(spread, fmt="{:.4g}"):
     if spread is None:
         return "-"
     return f"{fmt.format(spread[0])} ({fmt.format(spread[1])}-{fmt.format(spread[2])})"
 
 
-def plot(rows, path, title):
+def plot(rows, path, title, prefix=""):
     rows = [r for r in rows if r["ratio"]]
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.5))
@@ -176,9 +195,9 @@ def plot(rows, path, title):
     err = [[m - r["ratio"][1] for m, r in zip(med, rows)], [r["ratio"][2] - m for m, r in zip(med, rows)]]
     ax.barh(list(y), med, xerr=err, color="#4c72b0", capsize=3)
     ax.axvline(1.0, color="k", lw=0.8)
-    ax.set_yticks(list(y), [r["metric"] for r in rows], fontsize=7)
-    ax.set_xlabel("this / earlier (median of the round-by-round ratios, min-max)")
-    ax.set_title(title, fontsize=9)
+    ax.set_yticks(list(y), [r["metric"].removeprefix(prefix) for r in rows], fontsize=7)
+    ax.set_xlabel("this / earlier: median ratio of the rounds (min-max)")
+    ax.set_title(title + (f"\n{prefix}..." if prefix else ""), fontsize=9)
     fig.tight_layout()
     save_figure(fig, path)
 
@@ -222,15 +241,16 @@ def main(argv=None):
             print(f"round {i + 1}/{args.rounds}: {this}", flush=True)
             after.append(run_once(new_tree, new_env, script, rest, log))
         rows = compare(before, after, args.metric)
+    prefix = shared_prefix([r["metric"] for r in rows])
     print(f"\n{args.bench} {' '.join(rest)}: {args.ref} against {this}, {args.rounds} alternating rounds; "
-          "medians (min-max)")
-    print_table([{"metric": r["metric"], "earlier": _cell(r["before"]), "this": _cell(r["after"]),
+          f"medians (min-max){f'; metrics under {prefix}' if prefix else ''}")
+    print_table([{"metric": r["metric"].removeprefix(prefix), "earlier": _cell(r["before"]), "this": _cell(r["after"]),
                   "this/earlier": _cell(r["ratio"], "{:.3f}")} for r in rows],
                 ["metric", "earlier", "this", "this/earlier"])
     name = f"versus_{args.name or args.bench}"
     write_json(name, {"system": system_facts(), "args": vars(args), "rows": rows,
                       "before": before, "after": after})
-    plot(rows, RESULTS / f"{name}.png", f"{args.bench}: {this} against {args.ref}")
+    plot(rows, RESULTS / f"{name}.png", f"{args.bench}: {this} against {args.ref}", prefix)
     return 0
 
 
