@@ -32,17 +32,22 @@ from pathlib import Path
 
 from _common import RESULTS, print_table, system_facts, write_json
 
+from directload.capabilities import capabilities
 from directload.datasets import PRESETS, dataset_exists, load, synthesize
 from directload.harness.cli import HelpFormatter
 from directload.harness.plotting import pyplot, save_figure
 from directload.units import parse_size
 
 
-def configs(args, table_bytes):
+def configs(args, table_bytes, cuda):
+    """(name, ``directload train`` arguments) of every configuration.  Where CUDA does not run, the "GPU"
+    cache is a buffer in host memory, so the cgroup of a configuration with one holds it too (without it
+    TieredStore packed was OOM-killed at the plain cap)."""
     host = int(table_bytes * args.host_frac)
     gpu = int(table_bytes * args.gpu_frac)
     staging = str(args.staging)
     cap = str(host + args.headroom_bytes)
+    tiered_cap = str(host + args.headroom_bytes + (0 if cuda else gpu))
     disk_cap = str(args.headroom_bytes)
     out = [("in memory", ["--loader", "directload", "--features", "memory"]),
            ("DGL + memmap", ["--loader", "dgl", "--features", "disk", "--memory-limit", disk_cap]),
@@ -53,13 +58,13 @@ def configs(args, table_bytes):
                                             "--memory-limit", cap]))
     out.append(("TieredStore", ["--loader", "directload", "--features", "tiered", "--host-cache", str(host),
                                 "--gpu-cache", str(gpu), "--staging", staging, "--policy", "lookahead",
-                                "--memory-limit", cap]))
+                                "--memory-limit", tiered_cap]))
     out.append(("HostCache lookahead packed", ["--loader", "directload", "--features", "tiered", "--host-cache",
                                                str(host), "--staging", staging, "--policy", "lookahead", "--packed",
                                                "--memory-limit", cap]))
     out.append(("TieredStore packed", ["--loader", "directload", "--features", "tiered", "--host-cache", str(host),
                                        "--gpu-cache", str(gpu), "--staging", staging, "--policy", "lookahead",
-                                       "--packed", "--memory-limit", cap]))
+                                       "--packed", "--memory-limit", tiered_cap]))
     return out
 
 
@@ -134,7 +139,7 @@ def main(argv=None):
     del ds
     results = {}
     pack_s = None
-    for name, extra in configs(args, table_bytes):
+    for name, extra in configs(args, table_bytes, capabilities().cuda):
         if args.only and name not in args.only.split(","):
             continue
         if "--packed" in extra and pack_s is None:

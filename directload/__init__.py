@@ -2,6 +2,7 @@
 
 from .files import CorruptFileError, from_file
 from .memory import PinError
+from .shared import SharedTableError, shared_table
 from .unified import ClosedError, UnifiedTensor, empty, is_unified, ones, to_unified, zeros
 
 __version__ = "0.1.0"
@@ -14,6 +15,8 @@ __all__ = [
     "zeros",
     "ones",
     "from_file",
+    "shared_table",
+    "SharedTableError",
     "is_unified",
     "ClosedError",
     "PinError",

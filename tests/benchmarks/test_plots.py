@@ -73,3 +73,14 @@ def test_out_of_core_plot_shows_every_configuration_against_the_ideal(captured, 
     assert [p.get_height() for p in ideal.patches] == [100.0, 50.0]  # the failed run is left out, not drawn as 0
     assert [t.get_text() for t in ideal.get_xticklabels()] == ["in memory", "DiskStore"]
     assert epochs.get_yscale() == "log" and len(epochs.patches) == 4
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_out_of_core_caps_hold_a_gpu_cache_that_lives_in_host_memory(captured, cuda):
+    ooc = importlib.import_module("out_of_core")
+    args = type("A", (), {"host_frac": 0.25, "gpu_frac": 0.05, "staging": 256, "headroom_bytes": 1000})()
+    caps = {name: int(extra[extra.index("--memory-limit") + 1])
+            for name, extra in ooc.configs(args, 10_000, cuda) if "--memory-limit" in extra}
+    assert caps["HostCache lookahead packed"] == 2500 + 1000
+    assert caps["TieredStore packed"] == caps["TieredStore"] == 2500 + 1000 + (0 if cuda else 500)
+    assert caps["DiskStore"] == 1000
