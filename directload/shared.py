@@ -6,18 +6,19 @@ memory (a file in ``/dev/shm``, a tmpfs) and every process of the node maps it; 
 process registers the mapping with CUDA itself (in chunks, rolled back on failure), as DGL, GraphBolt,
 WholeGraph and quiver do: CUDA IPC handles only cover device memory.
 
-Why POSIX shared memory and not SysV: a file in a tmpfs can be created under a temporary name and
-published by one ``rename``, so a process killed while writing never leaves a torn table that others
-would map; its users are counted by ``flock`` locks the kernel drops when a process dies, so a leftover
-is told from a table in use without trusting pids; and ``posix_fallocate`` reserves the whole size up
-front, so a ``/dev/shm`` that is too small is an error before any byte is copied, not a SIGBUS later.
+Why POSIX shared memory and not SysV: a file in a tmpfs can be created under a temporary name and published
+by one ``link`` (which never replaces a table another process published first), so a process killed while
+writing never leaves a torn table that others would map; its users are counted by ``flock`` locks the kernel
+drops when a process dies, so a leftover is told from a table in use without trusting pids; and
+``posix_fallocate`` reserves the whole size up front, so a ``/dev/shm`` that is too small is an error before
+any byte is copied, not a SIGBUS later.
 SysV segments (WholeGraph's choice, to avoid ``/dev/shm``'s size limit) have none of these; here the size
 limit is met by a clear error naming the sizes, and by ``directory=``, any tmpfs or hugetlbfs mount.
 
 The protocol, per ``key`` (one table of one job on one node):
 
 * The first process to call creates ``<directory>/directload-shared-<key>.partial``, locked, writes the
-  table into it and renames it to ``directload-shared-<key>``: a name that exists is always whole.
+  table into it and links it as ``directload-shared-<key>``: a name that exists is always whole.
 * Every process (the creator too) opens the published file, holds a shared ``flock`` on it while it maps
   the table, and counts itself in the file's header.  Once ``ranks`` processes have counted themselves the
   name is removed: the mappings stay valid, and nothing is left behind in ``/dev/shm`` whatever later kills
@@ -33,6 +34,7 @@ import mmap
 import os
 import re
 import struct
+import threading
 import time
 import weakref
 
@@ -54,6 +56,7 @@ _HEADER = 4096  # magic, the count of processes attached, the JSON header's leng
 _COUNT = struct.Struct("<q")
 _KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
 _CHUNK = 64 << 20
+_COUNTING = threading.Lock()  # lockf's record locks are the process's: threads of one process take turns here
 
 
 class SharedTableError(RuntimeError):
@@ -168,7 +171,7 @@ def sweep(directory=SHM_DIR):
         except OSError:
             continue
         try:
-            if not _is_ours(fd):
+            if not _is_ours(fd) or _temp_of_live_writer(name):
                 continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -200,6 +203,21 @@ def _is_ours(fd):
     if not os.path.stat.S_ISREG(st.st_mode):
         return False
     return st.st_size == 0 or os.pread(fd, len(_MAGIC), 0) == _MAGIC
+
+
+def _temp_of_live_writer(name):
+    """A writer's first file (``<key>.partial.<pid>.<hex>``), unlocked for an instant after its creation: left
+    alone while that process lives."""
+    parts = name.rsplit(".", 3)
+    if len(parts) != 4 or parts[1] != "partial" or not parts[2].isdigit():
+        return False
+    try:
+        os.kill(int(parts[2]), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
 
 
 def _writer_alive(fd):
@@ -260,10 +278,15 @@ def _create(final, key, source, ranks):
             os.unlink(temp)
         try:
             _write(fd, key, source, final, ranks)
-            os.rename(partial, final)  # published whole, or not at all
+            os.link(partial, final)  # published whole, or not at all, and never over a table published meanwhile
+        except FileExistsError:
+            _unlink_if(partial, fd)  # another writer published first (we took the partial name after it): use its
+            os.close(fd)
+            return None
         except BaseException:
             _unlink_if(partial, fd)
             raise
+        _unlink_if(partial, fd)
         fcntl.flock(fd, fcntl.LOCK_SH)
         return fd
     except BaseException:
@@ -400,6 +423,11 @@ def _read_meta(fd, final, key):
 
 def _count_in(fd, final, ranks):
     """Count this process in; the one that completes ``ranks`` removes the name."""
+    with _COUNTING:
+        _count_locked(fd, final, ranks)
+
+
+def _count_locked(fd, final, ranks):
     fcntl.lockf(fd, fcntl.LOCK_EX, _COUNT.size, 8)
     try:
         (n,) = _COUNT.unpack(os.pread(fd, _COUNT.size, 8))

@@ -1,6 +1,7 @@
 """The ``directload`` command line: info, datasets, benchmarks and training."""
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -251,6 +252,10 @@ def add_train_arguments(p):
                         "are gathered at once)")
     p.add_argument("--eval-nodes", type=_non_negative_int, default=0,
                    help="evaluate on this many nodes of each split, the same for every run (0: all)")
+    p.add_argument("--nproc", type=_positive_int, default=1,
+                   help="DDP ranks on this node, one process each (gloo on the CPU, NCCL with one GPU per rank); "
+                        "each rank trains on its share of the seeds, split as the framework does.  Under torchrun "
+                        "leave it out: torchrun's --nproc-per-node starts the ranks")
     p.add_argument("--memory-limit", type=_memory_limit, default=None,
                    help="cap the training's host memory (its pages and the page cache it fills) with a memory "
                         "cgroup, e.g. 1.5G; needs root.  The feature files' cached pages are dropped first; the "
@@ -279,12 +284,20 @@ def run_training(args, models, loaders, seeds, name):
 
     from directload.capabilities import capabilities, require, usable_device
     from directload.datasets import PRESETS, check_name, dataset_exists, load, synthesize
-    from directload.harness import memcap
+    from directload.harness import ddp, memcap
     from directload.harness.experiments import compare, print_summary, write_report
     from directload.harness.train import TrainConfig, resolve_depth
 
     # Bad arguments get their own error before any work, a missing framework after them.
     device = usable_device(args.device)
+    nproc = getattr(args, "nproc", 1)
+    rank, size = ddp.torchrun_world()
+    if size > 1 and nproc > 1:
+        raise ValueError(f"this process is rank {rank} of {size} that torchrun started: leave --nproc out "
+                         "(torchrun's --nproc-per-node starts the ranks)")
+    if size > 1 and getattr(args, "memory_limit", None) is not None:
+        raise ValueError("--memory-limit under torchrun would cap each rank alone: run torchrun itself with "
+                         "--nproc ... --memory-limit (directload train --nproc N --memory-limit M), or in a cgroup")
     layers, fanouts = resolve_depth(args.layers, args.fanouts)
     check_name(args.dataset)
     limit = getattr(args, "memory_limit", None)
@@ -294,9 +307,13 @@ def run_training(args, models, loaders, seeds, name):
         memcap.check_limit(limit)  # before any work: a cap the run cannot start in
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.dataset in PRESETS and not dataset_exists(args.root, args.dataset):
-        synthesize(args.root, args.dataset, progress=not args.no_progress)  # one made with other options is kept
+    rank, size = ddp.join_torchrun(device)  # under torchrun: every collective from here has a timeout
     features = getattr(args, "features", "memory")
+    if rank == 0:  # under torchrun one rank writes what is missing, the others wait for it
+        if args.dataset in PRESETS and not dataset_exists(args.root, args.dataset):
+            synthesize(args.root, args.dataset, progress=not args.no_progress)  # one made with other options is kept
+        _feature_files(args, features)
+    ddp.barrier()
     files = _feature_files(args, features)
     if limit is not None and capped is None:  # the guardian: this command again, as a child in the cgroup
         for f in files:
@@ -317,12 +334,16 @@ def run_training(args, models, loaders, seeds, name):
                        eval_batch_size=getattr(args, "eval_batch_size", 4096),
                        gpu_cache=getattr(args, "gpu_cache", 0), host_cache=getattr(args, "host_cache", 0),
                        staging=getattr(args, "staging", None), policy=getattr(args, "policy", "lookahead"),
-                       lookahead=getattr(args, "lookahead", 4), packed=getattr(args, "packed", False))
-    rows = compare(dataset, base, models=models, loaders=loaders, seeds=seeds, progress=not args.no_progress)
+                       lookahead=getattr(args, "lookahead", 4), packed=getattr(args, "packed", False),
+                       nproc=max(nproc, size))
+    rows = compare(dataset, base, models=models, loaders=loaders, seeds=seeds, progress=not args.no_progress,
+                   reload=functools.partial(load, args.root, args.dataset))
+    if rank != 0:
+        return 0  # rank 0 reports for the job
     meta = {"dataset": args.dataset, "framework": args.framework, "device": str(device), "nodes": dataset.num_nodes,
             "edges": dataset.num_edges, "feats": int(dataset.feat.shape[1]), "epochs": args.epochs,
             "torch_threads": torch.get_num_threads(), "capabilities": capabilities().as_dict(),
-            "features": features, "memory_limit": limit,
+            "features": features, "memory_limit": limit, "nproc": max(nproc, size),
             "feature_file_bytes": sum(os.path.getsize(f) for f in files)}
     path, summary = write_report(rows, args.out or _default_out(), name, meta)
     print_summary(summary, meta)

@@ -7,6 +7,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from . import ddp
 from .plotting import pyplot, save_figure
 from .train import TrainConfig, train
 
@@ -18,14 +19,22 @@ STOCK = ("dgl", "pyg")
 TIME_KEYS = ("epoch_s", "sample_s", "gather_s", "train_s", "wait_s")
 
 
-def compare(dataset, base, *, models=("sage",), loaders=("dgl", "directload"), seeds=(0,), progress=True):
+def compare(dataset, base, *, models=("sage",), loaders=("dgl", "directload"), seeds=(0,), progress=True,
+            reload=None):
     """Train every (model, seed, loader), loaders interleaved so they share the machine's state.
+
+    With ``base.nproc`` above 1 (and this process not a rank already, as under torchrun) each run is a DDP
+    job of that many new processes (:func:`~directload.harness.ddp.run`), each loading the dataset with
+    ``reload()`` (a picklable function); the row is rank 0's, with every rank's epochs under ``ranks``.
 
     Returns
     -------
     list of dict
         One row per run: the configuration, per-epoch stats and accuracies.
     """
+    spawn = base.nproc > 1 and ddp.world()[1] == 1
+    if spawn and reload is None:
+        raise ValueError("nproc > 1 starts new processes: pass reload, a function that loads the dataset in each")
     rows = []
     for model in models:
         for seed in seeds:
@@ -33,11 +42,20 @@ def compare(dataset, base, *, models=("sage",), loaders=("dgl", "directload"), s
                 cfg = TrainConfig(**{**asdict(base), "model": model, "loader": loader, "seed": seed,
                                      "packed": base.packed and loader == "directload"})
                 t0 = time.perf_counter()
-                res = train(dataset, cfg, progress=progress)
+                if spawn:
+                    res = ddp.run(cfg.nproc, _train_rank, reload, cfg, progress, device=cfg.device)
+                else:
+                    res = train(dataset, cfg, progress=progress)
                 rows.append({"model": model, "loader": loader, "seed": seed, "wall_s": time.perf_counter() - t0,
                              "valid_acc": res.valid_acc, "test_acc": res.test_acc,
-                             "epochs": [asdict(e) for e in res.epochs], "config": res.config, "warm": res.warm})
+                             "epochs": [asdict(e) for e in res.epochs], "config": res.config, "warm": res.warm,
+                             **({"ranks": res.ranks} if res.ranks else {})})
     return rows
+
+
+def _train_rank(reload, cfg, progress):
+    """One rank of a DDP run: its own dataset object (the features mapped, not copied), then the run."""
+    return train(reload(), cfg, progress=progress)
 
 
 def _steady(epochs, key):
@@ -80,6 +98,9 @@ def summarize(rows):
         if tiers:  # each cache tier's counters over the steady epochs
             row["tiers"] = {name: {k: statistics.median(float(t[name][k]) for t in tiers) for k in tiers[0][name]}
                             for name in tiers[0] if name != "disk"}
+        if all(r.get("ranks") for r in rs):  # DDP: each rank's steady epoch breakdown, median over seeds
+            row["ranks"] = [{"rank": i, **{key: statistics.median(_steady(r["ranks"][i], key) for r in rs)
+                                           for key in TIME_KEYS}} for i in range(len(rs[0]["ranks"]))]
         row["valid_acc_pct"] = 100 * statistics.mean(r["valid_acc"] for r in rs)
         row["test_acc_pct"] = 100 * statistics.mean(r["test_acc"] for r in rs)
         ref = {r["seed"]: r for r in rows if r["model"] == model and r["loader"] in STOCK}
@@ -151,6 +172,10 @@ def print_summary(summary, meta):
     for row in table:
         print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
     for r in summary:
+        for k in r.get("ranks") or ():
+            print(f"{r['model']}/{r['loader']} rank {k['rank']} of {len(r['ranks'])}: epoch {k['epoch_s']:.3f} s "
+                  f"(sample {k['sample_s']:.3f}, gather {k['gather_s']:.3f}, train {k['train_s']:.3f}, "
+                  f"wait {k['wait_s']:.3f})")
         if r.get("disk"):
             d = r["disk"]
             print(f"{r['model']}/{r['loader']} disk store per steady epoch: {d['reads']:.0f} reads, "

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from . import ddp
 from .train_inputs import (
     DISK_FILE,
     FEATURE_MODES,
@@ -118,6 +119,7 @@ class TrainConfig:
     staging: int = None
     policy: str = "lookahead"
     packed: bool = False  # read the packed copy (dataset pack) and warm the caches with its hot rows
+    nproc: int = 1  # DDP ranks on this node (directload train --nproc, or torchrun's)
 
     def __post_init__(self):
         if self.model not in ("sage", "gat"):
@@ -133,7 +135,7 @@ class TrainConfig:
         from directload.units import check_bytes, check_int
 
         check_lookahead(self.lookahead)  # the loaders' own check
-        for name in ("hidden", "heads", "batch_size", "eval_batch_size", "epochs"):
+        for name in ("hidden", "heads", "batch_size", "eval_batch_size", "epochs", "nproc"):
             check_int(name, getattr(self, name))
         check_int("num_workers", self.num_workers, low=0)
         if self.features not in FEATURE_MODES:
@@ -192,6 +194,7 @@ class RunResult:
     test_acc: float = float("nan")
     valid_acc: float = float("nan")
     warm: dict = None  # packed tiered runs: the caches' fill started before the first epoch (rows per tier)
+    ranks: list = None  # DDP runs: every rank's epochs (rank 0's are ``epochs``)
 
 
 def _framework(cfg):
@@ -285,15 +288,27 @@ def train(dataset, cfg, *, progress=True, evaluate_each_epoch=False):
         from directload.kernels import cpu
 
         cpu.prepare((dataset.feat.element_size(),), (8, 4), background=False)
+    rank, size = ddp.world()
     model = fw.build_model(cfg, dataset.feat.shape[1], dataset.num_classes).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    trained = model
+    if size > 1:  # each rank its share of the seeds (the framework's own split), gradients averaged
+        from torch.nn.parallel import DistributedDataParallel
+
+        trained = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+    opt = torch.optim.Adam(trained.parameters(), lr=cfg.lr)
     result = RunResult(config=asdict(cfg))
-    loader = fw.make_loader(cfg, dataset, dataset.split["train"], cfg.batch_size, True)
+    loader = fw.make_loader(cfg, dataset, dataset.split["train"], cfg.batch_size, True, ddp=size > 1)
     store = feature_store(dataset, cfg)
     try:
-        _epochs(dataset, cfg, fw, model, opt, loader, store, result, progress, evaluate_each_epoch)
+        _epochs(dataset, cfg, fw, trained, opt, loader, store, result, progress and rank == 0, evaluate_each_epoch)
         result.valid_acc = evaluate(model, cfg, dataset, dataset.split["valid"], fw=fw)
         result.test_acc = evaluate(model, cfg, dataset, dataset.split["test"], fw=fw)
+        if size > 1:
+            import torch.distributed as dist
+
+            everyone = [None] * size
+            dist.all_gather_object(everyone, [asdict(e) for e in result.epochs])
+            result.ranks = everyone
     finally:
         if cfg.features == "tiered" and store is not None:
             store.close()  # the next run starts cold, as this one did
@@ -302,6 +317,8 @@ def train(dataset, cfg, *, progress=True, evaluate_each_epoch=False):
 
 def _epochs(dataset, cfg, fw, model, opt, loader, store, result, progress, evaluate_each_epoch):
     for epoch in range(cfg.epochs):
+        if ddp.world()[1] > 1 and hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)  # DGL's DDP split reshuffles per epoch only when told the epoch
         TimedTable.seconds = 0.0
         if store is not None:
             store.reset_stats()

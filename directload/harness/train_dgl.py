@@ -66,12 +66,14 @@ def seed(value):
     dgl.seed(value)
 
 
-def make_loader(cfg, dataset, ids, batch_size, shuffle):
-    """DGL's loader over a plain (timed) table, or directload's over the unified one."""
+def make_loader(cfg, dataset, ids, batch_size, shuffle, ddp=False):
+    """DGL's loader over a plain (timed) table, or directload's over the unified one; with ``ddp`` this
+    rank's share of ``ids``, split by DGL (``use_ddp=True``)."""
     graph, feat = dataset.graph, dataset.feat
     sampler = dgl.dataloading.NeighborSampler(list(cfg.fanouts), prefetch_node_feats=["feat"],
                                               prefetch_labels=["label"])
-    kw = dict(device=cfg.device, batch_size=batch_size, shuffle=shuffle, drop_last=False, num_workers=cfg.num_workers)
+    kw = dict(device=cfg.device, batch_size=batch_size, shuffle=shuffle, drop_last=False, num_workers=cfg.num_workers,
+              use_ddp=ddp)
     if cfg.loader == "dgl":
         if cfg.features != "memory":  # the baseline out of core: DGL's loader over np.memmap
             feat = memmap_features(dataset)

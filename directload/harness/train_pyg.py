@@ -109,10 +109,16 @@ def num_neighbors(fanouts):
     return list(reversed(fanouts))
 
 
-def make_loader(cfg, dataset, ids, batch_size, shuffle):
-    """PyG's NeighborLoader over a plain (timed) table, or directload's over the unified one."""
+def make_loader(cfg, dataset, ids, batch_size, shuffle, ddp=False):
+    """PyG's NeighborLoader over a plain (timed) table, or directload's over the unified one; with ``ddp``
+    over this rank's share of ``ids``, split as PyG's examples/multi_gpu do (equal shares, so every rank
+    runs as many batches)."""
     from torch_geometric.data import Data
 
+    if ddp:
+        import torch.distributed as dist
+
+        ids = ids.split(ids.size(0) // dist.get_world_size())[dist.get_rank()]
     feat = dataset.feat
     kw = dict(num_neighbors=num_neighbors(cfg.fanouts), input_nodes=ids, batch_size=batch_size, shuffle=shuffle,
               num_workers=cfg.num_workers)

@@ -318,3 +318,23 @@ def test_ranks_started_by_spawn_share_one_table(shm):
     got = sorted(queue.get() for _ in range(2))
     assert got == [(0, [[27, 28, 29], [0, 1, 2]]), (1, [[27, 28, 29], [3, 4, 5]])]
     assert _ours(shm) == []
+
+
+def test_threads_of_one_process_are_each_counted(shm):
+    import threading
+
+    tables, errors = [], []
+
+    def attach():
+        try:
+            tables.append(shared_table("threads", lambda: torch.arange(64.0), ranks=8, directory=shm))
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=attach) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors and len(tables) == 8 and all(t.tolist() == list(range(64)) for t in tables)
+    assert _ours(shm) == []  # the eighth count removed the name
