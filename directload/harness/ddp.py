@@ -7,7 +7,11 @@ that reaches the user names the rank.
 """
 
 import atexit
+import contextlib
+import ctypes
 import os
+import pickle
+import signal
 import tempfile
 from datetime import timedelta
 
@@ -87,11 +91,10 @@ def run(nproc, fn, *args, device="cpu"):
 
     with tempfile.TemporaryDirectory(prefix="directload-ddp-") as tmp:
         init = f"file://{os.path.join(tmp, 'rendezvous')}"
-        ctx = mp.get_context("spawn")
-        results = ctx.SimpleQueue()
+        result = os.path.join(tmp, "result.pt")  # a file, not a pipe: a large result never blocks rank 0's exit
         try:
-            procs = mp.start_processes(_rank_main, args=(nproc, init, device, fn, args, results), nprocs=nproc,
-                                       join=False, start_method="spawn")
+            procs = mp.start_processes(_rank_main, args=(os.getpid(), nproc, init, device, fn, args, result),
+                                       nprocs=nproc, join=False, start_method="spawn")
             while not procs.join():
                 pass
         except mp.ProcessRaisedException as exc:
@@ -99,9 +102,10 @@ def run(nproc, fn, *args, device="cpu"):
         except mp.ProcessExitedException as exc:
             how = f"was killed by signal {exc.signal_name}" if exc.signal_name else f"exited with {exc.exit_code}"
             raise RankError(f"rank {exc.error_index} of {nproc} {how}; the other ranks were stopped") from None
-        if results.empty():
+        if not os.path.exists(result):
             raise RankError("rank 0 ended without a result")
-        return results.get()
+        with open(result, "rb") as f:
+            return pickle.load(f)
 
 
 def _last_line(text):
@@ -109,9 +113,19 @@ def _last_line(text):
     return lines[-1] if lines else text
 
 
-def _rank_main(rank, nproc, init, device, fn, args, results):
+def _die_with(parent):
+    """This rank is killed when the process that started it dies (however it dies): no orphaned rank waits
+    for ever on a job that is gone."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(128 + signal.SIGKILL)
+
+
+def _rank_main(rank, parent, nproc, init, device, fn, args, result):
     import torch.distributed as dist
 
+    _die_with(parent)
     if torch.device(device).type == "cuda":
         torch.cuda.set_device(rank)
     os.environ.setdefault("LOCAL_RANK", str(rank))
@@ -123,6 +137,8 @@ def _rank_main(rank, nproc, init, device, fn, args, results):
     try:
         out = fn(*args)
         if rank == 0:
-            results.put(out)
+            with open(result + ".partial", "wb") as f:
+                pickle.dump(out, f)
+            os.replace(result + ".partial", result)
     finally:
         dist.destroy_process_group()
