@@ -1,7 +1,6 @@
 """The ``directload`` command line: info, datasets, benchmarks and training."""
 
 import argparse
-import functools
 import json
 import os
 import subprocess
@@ -290,14 +289,9 @@ def run_training(args, models, loaders, seeds, name):
 
     # Bad arguments get their own error before any work, a missing framework after them.
     device = usable_device(args.device)
-    nproc = getattr(args, "nproc", 1)
-    rank, size = ddp.torchrun_world()
-    if size > 1 and nproc > 1:
-        raise ValueError(f"this process is rank {rank} of {size} that torchrun started: leave --nproc out "
-                         "(torchrun's --nproc-per-node starts the ranks)")
-    if size > 1 and getattr(args, "memory_limit", None) is not None:
-        raise ValueError("--memory-limit under torchrun would cap each rank alone: run torchrun itself with "
-                         "--nproc ... --memory-limit (directload train --nproc N --memory-limit M), or in a cgroup")
+    if ddp.torchrun_world()[1] > 1 and getattr(args, "memory_limit", None) is not None:
+        raise ValueError("--memory-limit under torchrun would cap each rank alone: run torchrun itself in a "
+                         "memory cgroup")
     layers, fanouts = resolve_depth(args.layers, args.fanouts)
     check_name(args.dataset)
     limit = getattr(args, "memory_limit", None)
@@ -335,15 +329,14 @@ def run_training(args, models, loaders, seeds, name):
                        gpu_cache=getattr(args, "gpu_cache", 0), host_cache=getattr(args, "host_cache", 0),
                        staging=getattr(args, "staging", None), policy=getattr(args, "policy", "lookahead"),
                        lookahead=getattr(args, "lookahead", 4), packed=getattr(args, "packed", False),
-                       nproc=max(nproc, size))
-    rows = compare(dataset, base, models=models, loaders=loaders, seeds=seeds, progress=not args.no_progress,
-                   reload=functools.partial(load, args.root, args.dataset))
+                       nproc=size)
+    rows = compare(dataset, base, models=models, loaders=loaders, seeds=seeds, progress=not args.no_progress)
     if rank != 0:
         return 0  # rank 0 reports for the job
     meta = {"dataset": args.dataset, "framework": args.framework, "device": str(device), "nodes": dataset.num_nodes,
             "edges": dataset.num_edges, "feats": int(dataset.feat.shape[1]), "epochs": args.epochs,
             "torch_threads": torch.get_num_threads(), "capabilities": capabilities().as_dict(),
-            "features": features, "memory_limit": limit, "nproc": max(nproc, size),
+            "features": features, "memory_limit": limit, "nproc": size,
             "feature_file_bytes": sum(os.path.getsize(f) for f in files)}
     path, summary = write_report(rows, args.out or _default_out(), name, meta)
     print_summary(summary, meta)

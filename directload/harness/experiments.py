@@ -7,7 +7,6 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from . import ddp
 from .plotting import pyplot, save_figure
 from .train import TrainConfig, train
 
@@ -19,22 +18,17 @@ STOCK = ("dgl", "pyg")
 TIME_KEYS = ("epoch_s", "sample_s", "gather_s", "train_s", "wait_s")
 
 
-def compare(dataset, base, *, models=("sage",), loaders=("dgl", "directload"), seeds=(0,), progress=True,
-            reload=None):
+def compare(dataset, base, *, models=("sage",), loaders=("dgl", "directload"), seeds=(0,), progress=True):
     """Train every (model, seed, loader), loaders interleaved so they share the machine's state.
 
-    With ``base.nproc`` above 1 (and this process not a rank already, as under torchrun) each run is a DDP
-    job of that many new processes (:func:`~directload.harness.ddp.run`), each loading the dataset with
-    ``reload()`` (a picklable function); the row is rank 0's, with every rank's epochs under ``ranks``.
+    In a rank of a DDP job (torchrun) each run is that rank's part; the row then has every rank's epochs
+    under ``ranks``.
 
     Returns
     -------
     list of dict
         One row per run: the configuration, per-epoch stats and accuracies.
     """
-    spawn = base.nproc > 1 and ddp.world()[1] == 1
-    if spawn and reload is None:
-        raise ValueError("nproc > 1 starts new processes: pass reload, a function that loads the dataset in each")
     rows = []
     for model in models:
         for seed in seeds:
@@ -42,20 +36,12 @@ def compare(dataset, base, *, models=("sage",), loaders=("dgl", "directload"), s
                 cfg = TrainConfig(**{**asdict(base), "model": model, "loader": loader, "seed": seed,
                                      "packed": base.packed and loader == "directload"})
                 t0 = time.perf_counter()
-                if spawn:
-                    res = ddp.run(cfg.nproc, _train_rank, reload, cfg, progress, device=cfg.device)
-                else:
-                    res = train(dataset, cfg, progress=progress)
+                res = train(dataset, cfg, progress=progress)
                 rows.append({"model": model, "loader": loader, "seed": seed, "wall_s": time.perf_counter() - t0,
                              "valid_acc": res.valid_acc, "test_acc": res.test_acc,
                              "epochs": [asdict(e) for e in res.epochs], "config": res.config, "warm": res.warm,
                              **({"ranks": res.ranks} if res.ranks else {})})
     return rows
-
-
-def _train_rank(reload, cfg, progress):
-    """One rank of a DDP run: its own dataset object (the features mapped, not copied), then the run."""
-    return train(reload(), cfg, progress=progress)
 
 
 def _steady(epochs, key):

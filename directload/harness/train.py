@@ -119,7 +119,7 @@ class TrainConfig:
     staging: int = None
     policy: str = "lookahead"
     packed: bool = False  # read the packed copy (dataset pack) and warm the caches with its hot rows
-    nproc: int = 1  # DDP ranks on this node (directload train --nproc, or torchrun's)
+    nproc: int = 1  # ranks of the DDP job (torchrun's) this process trains in; 1 outside one
 
     def __post_init__(self):
         if self.model not in ("sage", "gat"):
@@ -289,6 +289,9 @@ def train(dataset, cfg, *, progress=True, evaluate_each_epoch=False):
 
         cpu.prepare((dataset.feat.element_size(),), (8, 4), background=False)
     rank, size = ddp.world()
+    if cfg.nproc != size:  # a config saying 2 ranks, trained by one process alone, would report wrong numbers
+        raise ValueError(f"nproc={cfg.nproc} but this process is one of {size}: start the ranks with torchrun "
+                         "(--nproc-per-node), which sets the world size")
     model = fw.build_model(cfg, dataset.feat.shape[1], dataset.num_classes).to(device)
     trained = model
     if size > 1:  # each rank its share of the seeds (the framework's own split), gradients averaged
