@@ -44,22 +44,26 @@ def main(argv=None):
         return 0
     RESULTS.mkdir(parents=True, exist_ok=True)
     report = RESULTS / "gpu_report.md"
+    head = (f"# directload GPU report\n\nMeasured on {caps.device_name}.\n\n```json\n"
+            f"{json.dumps(system_facts(), indent=2)}\n```\n\n")
+
+    def write(sections):  # after every step, so a run cut short still leaves what it measured
+        report.write_text(head + "\n".join(sections))
+
     with open(RESULTS / "gpu_suite.log", "w") as log:
         tests, secs = _run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "tests/gpu", "-p", "no:cacheprovider"],
                            log)
         sections = [f"## gpu-marked tests ({secs:.0f} s, exit {tests.returncode})\n\n```\n"
                     + "\n".join(tests.stdout.strip().splitlines()[-15:]) + "\n```\n"]
+        write(sections)
         ok = tests.returncode == 0
         for name, script, extra in BENCHMARKS:
-            cmd = [sys.executable, f"benchmarks/{script}", *extra, *(["--quick"] if args.quick and "gather" in name
-                                                                       else [])]
-            proc, secs = _run(cmd, log)
+            quick = ["--quick"] if args.quick and name == "gather_bandwidth" else []
+            proc, secs = _run([sys.executable, f"benchmarks/{script}", *extra, *quick], log)
             ok &= proc.returncode == 0
             table = "\n".join(line for line in proc.stdout.splitlines() if "it/s" not in line and "%|" not in line)
             sections.append(f"## {name} ({secs:.0f} s, exit {proc.returncode})\n\n```\n{table.strip()}\n```\n")
-    facts = json.dumps(system_facts(), indent=2)
-    report.write_text(f"# directload GPU report\n\nMeasured on {caps.device_name}.\n\n```json\n{facts}\n```\n\n"
-                      + "\n".join(sections))
+            write(sections)
     print(f"wrote {report} (full output in {RESULTS / 'gpu_suite.log'})")
     return 0 if ok else 1
 

@@ -30,7 +30,7 @@ class CudaArrayView:
     def __init__(self, ptr, shape, itemsize, owner):
         self.owner = owner
         self.__cuda_array_interface__ = {
-            "data": (int(ptr), True),
+            "data": (int(ptr), False),  # torch 2.11 refuses read-only views
             "shape": tuple(int(s) for s in shape),
             "typestr": _TYPESTR[itemsize],
             "strides": None,
