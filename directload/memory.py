@@ -25,6 +25,7 @@ __all__ = [
     "pool",
     "allocate",
     "register",
+    "release_pages",
     "REGISTER_CHUNK",
     "host_array",
     "host_view",
@@ -433,3 +434,36 @@ def allocate(nbytes, *, pin="require", shared=False):
     buf = np.empty(max(nbytes, 1), np.uint8)
     return Allocation(buf.ctypes.data, nbytes, "host", owner=buf)
 
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_MADV_DONTNEED = 4
+
+
+def release_pages(allocation, start, stop):
+    """Give the whole pages inside bytes ``[start, stop)`` of ``allocation`` back to the system; they read as
+    zeros, and cost a page fault, when next written.  Only ordinary private host memory (kind ``"host"``,
+    not shared) is given back: pinned, registered and shared memory keep their pages.  Returns the bytes
+    given back.
+
+    Examples
+    --------
+    >>> a = allocate(1 << 20, pin="never")
+    >>> host_array(a)[:] = 1
+    >>> given = release_pages(a, 0, 1 << 20)    # the whole pages inside: all but the two ends at most
+    >>> given >= (1 << 20) - 2 * 4096, int(host_array(a)[8192:12288].sum())
+    (True, 0)
+    """
+    import ctypes
+
+    if allocation.kind != "host" or not isinstance(allocation.owner, np.ndarray) or allocation.released:
+        return 0
+    start, stop = max(0, int(start)), min(int(stop), allocation.nbytes)
+    lo = -(-(allocation.ptr + start) // _PAGE) * _PAGE
+    hi = (allocation.ptr + stop) // _PAGE * _PAGE
+    if hi <= lo:
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_DONTNEED) != 0:
+        raise OSError(ctypes.get_errno(), f"madvise(MADV_DONTNEED) of {hi - lo} bytes failed")
+    return hi - lo

@@ -143,6 +143,9 @@ class Cache(FeatureStore):
         self.capacity_rows = min(n, capacity_bytes // rnb) if rnb else 0
         self.staging_rows = min(n, staging_bytes // rnb) if rnb else 0
         self.policy = make_policy(policy, self.capacity_rows)
+        self._policy_spec = policy  # what resize() makes the policy of another capacity from
+        self.room_rows = self.capacity_rows  # the most rows resize() can grow to: the slots allocated
+        self._generation = 0  # resizes so far: a read that began before one asks the new policy again
         # Slots hold rows in the words the kernels move (complex128 rows as their bytes, in 8-byte words).
         self._words = row_words(fallback.dtype, fallback.row_shape)
         self._row_elems = int(np.prod(fallback.row_shape, dtype=np.int64))
@@ -216,6 +219,64 @@ class Cache(FeatureStore):
 
     def _allocate(self, slots):
         raise NotImplementedError
+
+    def _release_slots(self, slots):
+        """A hook: free ``slots`` (sorted) are past a shrunk cache's limit; a host cache gives their pages back."""
+
+    def _reuse_slots(self, slots):
+        """A hook: free ``slots`` are back in use after a cache grew; a host cache touches their pages again."""
+
+    # ---------------------------------------------------------------- resize
+    def resize(self, capacity_bytes):
+        """Hold at most ``capacity_bytes`` of cached rows from now on, between 0 and the capacity the cache
+        was made with (:attr:`room_rows` rows), while reads go on.
+
+        Shrinking evicts the rows that no longer fit (a row in a slot past the new limit goes, even one
+        the policy kept) and, in a :class:`HostCache` of ordinary memory, gives the pages of the slots no
+        longer used back to the system; growing lets the cache fill again.  The policy starts again at the
+        new capacity, holding the rows kept.  Reads never return a wrong row: a read that began before the
+        resize admits its misses under the new policy.  A node's budget (:mod:`directload.budget`) calls
+        this as jobs come and go.  Returns the new capacity in rows.
+
+        Examples
+        --------
+        >>> from directload.stores import TensorStore
+        >>> cache = HostCache(TensorStore(torch.arange(20.0).view(10, 2)), capacity_bytes=8 * 8, policy="lru")
+        >>> _ = cache.read(list(range(8)))
+        >>> cache.resize(3 * 8), len(cache.policy.cached()), cache.read([7, 0]).tolist()
+        (3, 3, [[14.0, 15.0], [0.0, 1.0]])
+        >>> cache.resize(8 * 8), cache.capacity_rows
+        (8, 8)
+        """
+        capacity_bytes = check_bytes("capacity_bytes", capacity_bytes)
+        self._check_open()
+        if isinstance(self._policy_spec, Policy):
+            raise TypeError("this cache's policy was given as a Policy object, which has one capacity: to resize "
+                            "the cache, give the policy by name or as a callable capacity -> Policy")
+        rows = min(self.room_rows, capacity_bytes // self.row_nbytes) if self.row_nbytes else 0
+        self._this_process()
+        with self._lock:
+            self._raise_failure()
+            if rows == self.capacity_rows:
+                return rows
+            t = self._table
+            limit = rows + self.staging_rows
+            held = np.flatnonzero(t.slot >= 0)
+            s = t.slot[held]
+            mine = (t.kind[s] == CACHED) & self.policy.contains(held) & (s < limit)
+            keep = held[mine][:rows]
+            policy = make_policy(self._policy_spec, rows)
+            policy.warm(keep)
+            gone = held[(t.kind[s] == CACHED) & ~policy.contains(held)]
+            self.policy, self.capacity_rows = policy, rows
+            self._generation += 1
+            self._evict(gone)
+            back = t.set_limit(limit)
+            if back.size:
+                self._reuse_slots(back)
+            self._release_slots(t.take_newly_parked())
+            self._lock.notify_all()
+        return rows
 
     def _own_memory(self):
         return (self._rows, *self.fallback._own_memory())
@@ -438,6 +499,7 @@ class Cache(FeatureStore):
         if mine is not None:
             self._batch += 1
         q.miss_rows, q.held = uniq[q.miss], s[s >= 0]
+        q.generation = self._generation
         q.t_fallback = time.perf_counter()
         return q
 
@@ -470,6 +532,9 @@ class Cache(FeatureStore):
     def _admit(self, q, staged):
         """After the gather (a slot read above may be given to another row now): evicted rows go, rows the
         policy holds now change kind or are copied in, and the batch's staged rows are released."""
+        if q.generation != self._generation:  # resized meanwhile: the policy that answered is gone
+            q.evicted = q.evicted[~self.policy.contains(q.evicted)]
+            q.keep = self.policy.contains(q.uniq)
         self._evict(q.evicted)
         t = self._table
         promote = q.keep & q.staged
@@ -534,7 +599,10 @@ class Cache(FeatureStore):
 
     def _free_slots(self, rows, slots):
         if rows.size:
-            self._table.free_slots(rows, slots)
+            t = self._table
+            t.free_slots(rows, slots)
+            if t.limit < t.size:
+                self._release_slots(t.take_newly_parked())
             self._lock.notify_all()
 
     # --------------------------------------------------------- read-ahead
@@ -687,6 +755,18 @@ class HostCache(Cache):
         # epoch (measured: filling fresh slots ran at 0.8 GB/s, a fifth of a gather's speed).
         raw.zero_()
         return raw.view(self._words.dtype).view(slots, *self._words.shape)
+
+    def _release_slots(self, slots):
+        """Give back the pages of each run of consecutive parked slots (ordinary memory only)."""
+        if not slots.size:
+            return
+        rnb = self.row_nbytes
+        cuts = np.flatnonzero(np.diff(slots) != 1) + 1
+        for run in np.split(slots, cuts):
+            memory.release_pages(self._alloc, int(run[0]) * rnb, (int(run[-1]) + 1) * rnb)
+
+    def _reuse_slots(self, slots):
+        self._rows[torch.from_numpy(slots)] = 0  # fault the pages in now, not during an epoch
 
 
 class DeviceCache(Cache):

@@ -46,6 +46,9 @@ class SlotTable:
         self.pinned = np.zeros(self.size, np.int32)  # readers copying out of each slot
         self._deferred = []  # slots freed while pinned
         self._free = list(range(self.size - 1, -1, -1))
+        self.limit = self.size  # slots at or past it are parked when free: a resized cache does not use them
+        self._parked = []
+        self._newly_parked = []  # parked since take_newly_parked(): their memory may be given back
 
     # ------------------------------------------------------------- queries
     @property
@@ -91,7 +94,41 @@ class SlotTable:
         self.kind[slots] = FREE
         busy = self.pinned[slots] > 0
         self._deferred.extend(slots[busy].tolist())
-        self._free.extend(slots[~busy].tolist())
+        self._give(slots[~busy].tolist())
+
+    def _give(self, slots):
+        """Free ``slots`` (a list): onto the free list, or parked where they are past the limit."""
+        if self.limit >= self.size:
+            self._free.extend(slots)
+            return
+        for s in slots:
+            if s < self.limit:
+                self._free.append(s)
+            else:
+                self._parked.append(s)
+                self._newly_parked.append(s)
+
+    def set_limit(self, limit):
+        """Use slots ``[0, limit)`` only from now on: free slots past it are parked (slots past it in use
+        are parked when freed), parked slots before it go back on the free list.  Returns the slots
+        unparked (free, their memory to be touched again)."""
+        self.limit = limit = int(limit)
+        free = np.asarray(self._free, np.int64)
+        parked = np.asarray(self._parked, np.int64)
+        back = parked[parked < limit]
+        self._parked = parked[parked >= limit].tolist()
+        park = free[free >= limit].tolist()
+        self._parked.extend(park)
+        self._newly_parked.extend(park)
+        self._free = free[free < limit].tolist() + back[::-1].tolist()
+        self._newly_parked = [s for s in self._newly_parked if s >= limit]
+        return back
+
+    def take_newly_parked(self):
+        """The slots parked since the last call (int64, sorted): free and past the limit, so their memory can
+        be given back to the system."""
+        got, self._newly_parked = np.unique(np.asarray(self._newly_parked, np.int64)), []
+        return got
 
     def pin(self, slots):
         """A reader copies out of ``slots`` (distinct): none is reused until it :meth:`unpin` s them."""
@@ -103,7 +140,7 @@ class SlotTable:
             done = [d for d in self._deferred if self.pinned[d] == 0]
             if done:
                 self._deferred = [d for d in self._deferred if self.pinned[d] > 0]
-                self._free.extend(done)
+                self._give(done)
 
     def keep_cached_only(self):
         """Free every slot that is not ``CACHED`` and forget readers and demand reads (a forked child's
@@ -117,4 +154,5 @@ class SlotTable:
         self.staged_for[:] = -1
         self.pinned[:] = 0
         self._deferred = []
-        self._free = np.flatnonzero(~keep)[::-1].tolist()
+        self._free, self._parked = [], []
+        self._give(np.flatnonzero(~keep)[::-1].tolist())
