@@ -6,6 +6,7 @@ the directory.  A killed write leaves only its partial, which the next write of 
 """
 
 import contextlib
+import fcntl
 import os
 import re
 import tempfile
@@ -45,12 +46,33 @@ def partial_pattern(name):
 
 
 def remove_partials(directory, name):
-    """Remove what killed writes of ``name`` left in ``directory`` (their partials, recognised by name)."""
+    """Remove what killed writes of ``name`` left in ``directory`` (their partials, recognised by name).  A
+    partial whose writer lives (it holds a ``flock`` on it, as :func:`write_atomically` does) is left alone:
+    two processes writing one file at once both finish."""
     pattern = partial_pattern(name)
     for entry in list(os.scandir(directory)):
-        if pattern.fullmatch(entry.name) and (entry.is_file(follow_symlinks=False) or entry.is_symlink()):
+        if not pattern.fullmatch(entry.name):
+            continue
+        if entry.is_symlink():
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(entry.path)
+            continue
+        if not entry.is_file(follow_symlinks=False):
+            continue
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # its writer is at work
+            with contextlib.suppress(FileNotFoundError):
+                if os.path.samestat(os.fstat(fd), os.stat(entry.path, follow_symlinks=False)):
+                    os.unlink(entry.path)
+        finally:
+            os.close(fd)
 
 
 def new_partial(directory, name, role=""):
@@ -77,11 +99,12 @@ def write_atomically(path, write):
     remove_partials(path.parent, path.name)
     fd, tmp = new_partial(path.parent, path.name)
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held until it is renamed: another writer's sweep leaves it alone
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+            os.replace(tmp, path)
         fsync_dir(path.parent)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, fields
 
 from .units import check_int
 
-__all__ = ["NodeBudget", "Share", "Resources", "BudgetError", "PREFIX", "fair_shares"]
+__all__ = ["NodeBudget", "Share", "Resources", "BudgetError", "PREFIX", "fair_shares", "sweep"]
 
 #: The start of every directory this module makes in shared memory (nothing else there is touched).
 PREFIX = "directload-budget-"
@@ -254,6 +254,44 @@ class NodeBudget:
             pass  # something else of ours is there (a loader's member file about to be published)
 
 
+def sweep(directory=None, *, skip=None):
+    """Remove the budgets in ``directory`` (default ``/dev/shm``) whose loaders are all gone (killed ones
+    leave their files behind; a budget under a name never used again would stay): every join sweeps.  A
+    budget in use, or one being made, is left alone.  Returns the names removed."""
+    directory = directory or "/dev/shm"
+    gone = []
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return gone
+    for entry in entries:
+        name = entry[len(PREFIX):]
+        if not entry.startswith(PREFIX) or name == skip or not _NAME.fullmatch(name):
+            continue
+        other = NodeBudget(name, host_bytes=0, directory=directory)
+        lock = os.path.join(other.path, "lock")
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
+        except OSError:  # being made, or not ours
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # a loader is at it now: it is in use
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(lock))
+            except FileNotFoundError:
+                same = False
+            if same:
+                other._remove_if_empty()
+                if not os.path.exists(other.path):
+                    gone.append(name)
+        finally:
+            os.close(fd)
+    return gone
+
+
 class Share:
     """One loader's share of a :class:`NodeBudget` (from :meth:`NodeBudget.join`).
 
@@ -277,6 +315,7 @@ class Share:
         self._applied = 0
         self.current = Resources()
         token = secrets.token_hex(8)
+        sweep(os.path.dirname(budget.path), skip=budget.name)
         fd = budget._locked()
         try:
             budget._check_limits()

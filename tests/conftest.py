@@ -2,6 +2,7 @@
 
 import importlib
 import os
+import subprocess
 import threading
 
 import numpy as np
@@ -172,3 +173,15 @@ def drain_from_threads(iterator, threads=2):
         assert not t.is_alive(), "a thread hung on the shared iterator"
     assert errors == []
     return got
+
+
+@pytest.fixture
+def shm(tmp_path):
+    """A tmpfs of our own where one can be mounted (root), else a plain directory (the protocol is the same)."""
+    where = tmp_path / "shm"
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512m", "tmpfs", str(where)],
+                             capture_output=True).returncode == 0
+    yield str(where)
+    if mounted:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)

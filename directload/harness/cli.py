@@ -25,7 +25,7 @@ DESCRIPTION = ("directload: zero-copy GPU feature loading for mini-batch GNN tra
 BENCH_SCRIPTS = {"gather": "gather_bandwidth.py", "alignment": "alignment_sweep.py", "unified": "unified_gather.py",
                  "loader": "loader_e2e.py", "gpu": "gpu_suite.py", "disk": "disk_read.py",
                  "cache": "cache_policies.py", "ooc": "out_of_core.py", "pack": "hot_packing.py",
-                 "pyg": "pyg_idioms.py", "versus": "versus.py"}
+                 "pyg": "pyg_idioms.py", "versus": "versus.py", "share": "node_share.py"}
 _SOURCE_TREE = Path(__file__).resolve().parents[2]  # the checkout: directload/harness/cli.py
 
 
@@ -252,14 +252,28 @@ def add_train_arguments(p):
     p.add_argument("--eval-nodes", type=_non_negative_int, default=0,
                    help="evaluate on this many nodes of each split, the same for every run (0: all)")
     p.add_argument("--nproc", type=_positive_int, default=1,
-                   help="DDP ranks on this node, one process each (gloo on the CPU, NCCL with one GPU per rank); "
-                        "each rank trains on its share of the seeds, split as the framework does.  Under torchrun "
+                   help="DDP ranks on this node, one process each, started through torchrun's launcher (gloo on "
+                        "the CPU, NCCL with one GPU per rank); each rank trains on its share of the seeds, split as "
+                        "the framework does, and rank 0 writes the report with every rank's epochs.  Under torchrun "
                         "leave it out: torchrun's --nproc-per-node starts the ranks")
     p.add_argument("--memory-limit", type=_memory_limit, default=None,
                    help="cap the training's host memory (its pages and the page cache it fills) with a memory "
                         "cgroup, e.g. 1.5G; needs root.  The feature files' cached pages are dropped first; the "
                         "training runs in a child process inside the cgroup, which is removed when it ends, "
                         "however it ends")
+    p.add_argument("--node-budget", type=_size, default=0,
+                   help="with --features tiered: host memory (host caches and their read-ahead slots) that every "
+                        "directload job on this node running with the same --budget-name shares, e.g. 4G; each "
+                        "job's cache grows and shrinks to its fair share (up to --host-cache, default the table) "
+                        "as jobs come and go")
+    p.add_argument("--node-io-depth", type=_non_negative_int, default=0,
+                   help="with --node-budget: disk reads in flight shared by those jobs (0: each job its own)")
+    p.add_argument("--budget-name", default="directload",
+                   help="the node budget's name: jobs giving the same name share one budget")
+    p.add_argument("--shared-hot", type=_size, default=0,
+                   help="with --packed and --features tiered: bytes of the packed store's hottest rows kept once per "
+                        "node in shared memory for every job of the same --budget-name (taken out of --node-budget "
+                        "first); each job's own cache then holds only the rest")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -289,14 +303,20 @@ def run_training(args, models, loaders, seeds, name):
 
     # Bad arguments get their own error before any work, a missing framework after them.
     device = usable_device(args.device)
-    if ddp.torchrun_world()[1] > 1 and getattr(args, "memory_limit", None) is not None:
-        raise ValueError("--memory-limit under torchrun would cap each rank alone: run torchrun itself in a "
-                         "memory cgroup")
+    nproc = getattr(args, "nproc", 1)
+    capped = memcap.capped_group()
+    if ddp.torchrun_world()[1] > 1:
+        if nproc > 1:
+            rank, size = ddp.torchrun_world()
+            raise ValueError(f"this process is rank {rank} of {size} that torchrun started: leave --nproc out "
+                             "(torchrun's --nproc-per-node starts the ranks)")
+        if getattr(args, "memory_limit", None) is not None and capped is None:
+            raise ValueError("--memory-limit under torchrun would cap each rank alone: run torchrun itself in a "
+                             "memory cgroup, or start the ranks with --nproc")
     layers, fanouts = resolve_depth(args.layers, args.fanouts)
     check_name(args.dataset)
     limit = getattr(args, "memory_limit", None)
     require({"dgl": "dgl", "pyg": "torch_geometric"}[args.framework])
-    capped = memcap.capped_group()
     if limit is not None and capped is None:
         memcap.check_limit(limit)  # before any work: a cap the run cannot start in
     if args.threads:
@@ -315,6 +335,11 @@ def run_training(args, models, loaders, seeds, name):
         print(f"host memory capped at {limit / 2**30:.2f} GiB in a memory cgroup; the feature files' cached "
               "pages were dropped", flush=True)
         return memcap.run_capped(limit, args.rerun)
+    if nproc > 1:  # the ranks: this command again, nproc times, under torchrun's launcher (in the cgroup if any)
+        load(args.root, args.dataset)  # the dataset's caches are written here, once, before any rank reads them
+        memcap.guard_children()  # they die with this process
+        ddp.launch(nproc, [*args.rerun, "--nproc", "1"])
+        return 0
     if limit is not None:
         from directload.kernels.host_pool import default_pool
 
@@ -329,7 +354,10 @@ def run_training(args, models, loaders, seeds, name):
                        gpu_cache=getattr(args, "gpu_cache", 0), host_cache=getattr(args, "host_cache", 0),
                        staging=getattr(args, "staging", None), policy=getattr(args, "policy", "lookahead"),
                        lookahead=getattr(args, "lookahead", 4), packed=getattr(args, "packed", False),
-                       nproc=size)
+                       nproc=size, node_budget=getattr(args, "node_budget", 0),
+                       node_io_depth=getattr(args, "node_io_depth", 0),
+                       budget_name=getattr(args, "budget_name", "directload"),
+                       shared_hot=getattr(args, "shared_hot", 0))
     rows = compare(dataset, base, models=models, loaders=loaders, seeds=seeds, progress=not args.no_progress)
     if rank != 0:
         return 0  # rank 0 reports for the job
@@ -376,6 +404,21 @@ def _train(args):
     if args.packed and (args.features == "memory" or args.loader not in ("directload", "both")):
         raise ValueError("--packed reads the packed disk store with directload's loader: it needs --features disk "
                          "or tiered and --loader directload (or both)")
+    if (args.node_budget or args.node_io_depth) and (args.features != "tiered" or args.loader not in ("directload",
+                                                                                                        "both")):
+        raise ValueError("--node-budget shares the host caches and disk queues of directload's tiered stores: it "
+                         "needs --features tiered and --loader directload (or both)")
+    if args.node_io_depth and not args.node_budget:
+        raise ValueError("--node-io-depth is shared within a node budget: give --node-budget too")
+    if args.shared_hot and not (args.packed and args.features == "tiered"):
+        raise ValueError("--shared-hot keeps the packed store's hottest rows once per node: it needs --packed and "
+                         "--features tiered")
+    if args.shared_hot and args.node_budget and args.shared_hot >= args.node_budget:
+        raise ValueError("--shared-hot is taken out of --node-budget: it must be smaller")
+    if args.node_budget:
+        from directload.budget import NodeBudget
+
+        NodeBudget(args.budget_name, host_bytes=args.node_budget)  # the name's check, before any work
     dataset = args.dataset + ("" if args.features == "memory" else f"-{args.features}") + \
         ("-packed" if args.packed else "")
     return run_training(args, models, loaders, range(args.seeds), report_name("train", dataset, models, loaders))

@@ -34,13 +34,17 @@ def compare(dataset, base, *, models=("sage",), loaders=("dgl", "directload"), s
         for seed in seeds:
             for loader in loaders:
                 cfg = TrainConfig(**{**asdict(base), "model": model, "loader": loader, "seed": seed,
-                                     "packed": base.packed and loader == "directload"})
+                                     "packed": base.packed and loader == "directload",
+                                     "node_budget": base.node_budget if loader == "directload" else 0,
+                                     "node_io_depth": base.node_io_depth if loader == "directload" else 0,
+                                     "shared_hot": base.shared_hot if loader == "directload" else 0})
                 t0 = time.perf_counter()
                 res = train(dataset, cfg, progress=progress)
                 rows.append({"model": model, "loader": loader, "seed": seed, "wall_s": time.perf_counter() - t0,
                              "valid_acc": res.valid_acc, "test_acc": res.test_acc,
                              "epochs": [asdict(e) for e in res.epochs], "config": res.config, "warm": res.warm,
-                             **({"ranks": res.ranks} if res.ranks else {})})
+                             **({"ranks": res.ranks} if res.ranks else {}),
+                             **({"budget": res.budget} if res.budget else {})})
     return rows
 
 
@@ -87,6 +91,8 @@ def summarize(rows):
         if all(r.get("ranks") for r in rs):  # DDP: each rank's steady epoch breakdown, median over seeds
             row["ranks"] = [{"rank": i, **{key: statistics.median(_steady(r["ranks"][i], key) for r in rs)
                                            for key in TIME_KEYS}} for i in range(len(rs[0]["ranks"]))]
+        if all(r.get("budget") for r in rs):  # a node budget: its limits and this loader's shares (first seed)
+            row["budget"] = rs[0]["budget"]
         row["valid_acc_pct"] = 100 * statistics.mean(r["valid_acc"] for r in rs)
         row["test_acc_pct"] = 100 * statistics.mean(r["test_acc"] for r in rs)
         ref = {r["seed"]: r for r in rows if r["model"] == model and r["loader"] in STOCK}
@@ -162,12 +168,22 @@ def print_summary(summary, meta):
             print(f"{r['model']}/{r['loader']} rank {k['rank']} of {len(r['ranks'])}: epoch {k['epoch_s']:.3f} s "
                   f"(sample {k['sample_s']:.3f}, gather {k['gather_s']:.3f}, train {k['train_s']:.3f}, "
                   f"wait {k['wait_s']:.3f})")
+        if r.get("budget"):
+            b = r["budget"]
+            shares = ", ".join(f"{e['host_bytes'] / 2**20:.0f}" for e in b["epochs"])
+            print(f"{r['model']}/{r['loader']} node budget {b['name']!r} of {b['limits']['host_bytes'] / 2**20:.0f} "
+                  f"MiB: this job's share at each epoch's end {shares} MiB (it wants "
+                  f"{b['want']['host_bytes'] / 2**20:.0f}, needs {b['least']['host_bytes'] / 2**20:.0f})")
         if r.get("disk"):
             d = r["disk"]
             print(f"{r['model']}/{r['loader']} disk store per steady epoch: {d['reads']:.0f} reads, "
                   f"{d['bytes_read'] / 1e9:.3f} GB read (amplification {d['read_amplification']:.2f}), "
                   f"{d['iops']:.0f} IOPS, {d['gb_per_s']:.3f} GB/s, {d['cpu_us_per_read']:.2f} CPU us/read")
         for name, t in (r.get("tiers") or {}).items():
+            if name == "hot":  # rows held once per node: nothing read, nothing evicted
+                print(f"{r['model']}/{r['loader']} hot rows shared on the node, per steady epoch: "
+                      f"{t['capacity_rows']:.0f} rows, hit rate {t['hit_rate']:.3f}")
+                continue
             print(f"{r['model']}/{r['loader']} {name} tier per steady epoch: hit rate {t['hit_rate']:.3f} "
                   f"(with rows read ahead {t['slot_rate']:.3f}), {t['fallback_bytes'] / 1e9:.3f} GB from below, "
                   f"{t['forwarded_bytes'] / 1e9:.3f} GB forwarded, read {t['read_s']:.2f} s (waiting on the tier "

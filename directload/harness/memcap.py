@@ -24,8 +24,8 @@ from pathlib import Path
 
 from directload.units import parse_size
 
-__all__ = ["parse_limit", "check_limit", "run_capped", "enter_capped_child", "drop_page_cache", "capped_group",
-           "MemoryCapExceeded", "CGROUP_ENV", "HEADROOM"]
+__all__ = ["parse_limit", "check_limit", "run_capped", "enter_capped_child", "guard_children", "drop_page_cache",
+           "capped_group", "MemoryCapExceeded", "CGROUP_ENV", "HEADROOM"]
 
 _V1 = Path("/sys/fs/cgroup/memory")
 _V2 = Path("/sys/fs/cgroup")
@@ -187,6 +187,12 @@ def enter_capped_child():
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != int(guardian):  # it died before the line above
         os._exit(128 + signal.SIGKILL)
+
+
+def guard_children():
+    """Children this process starts from now on die with it (``PR_SET_PDEATHSIG``), as capped children die
+    with their guardian: each calls :func:`enter_capped_child` first thing (``directload``'s entry does)."""
+    os.environ[_GUARDIAN_ENV] = str(os.getpid())
 
 
 def run_capped(nbytes, cmd, *, env=None):

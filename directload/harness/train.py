@@ -120,6 +120,10 @@ class TrainConfig:
     policy: str = "lookahead"
     packed: bool = False  # read the packed copy (dataset pack) and warm the caches with its hot rows
     nproc: int = 1  # ranks of the DDP job (torchrun's) this process trains in; 1 outside one
+    node_budget: int = 0  # features="tiered": host bytes shared by every loader on the node (0: none)
+    node_io_depth: int = 0  # ... and disk reads in flight shared by them (0: not budgeted)
+    budget_name: str = "directload"  # the node budget's name: jobs with the same name share it
+    shared_hot: int = 0  # packed tiered runs: bytes of the hottest rows held once per node in shared memory
 
     def __post_init__(self):
         if self.model not in ("sage", "gat"):
@@ -140,6 +144,23 @@ class TrainConfig:
         check_int("num_workers", self.num_workers, low=0)
         if self.features not in FEATURE_MODES:
             raise ValueError(f"features must be one of {FEATURE_MODES}, got {self.features!r}")
+        check_int("node_budget", self.node_budget, low=0)
+        check_int("node_io_depth", self.node_io_depth, low=0)
+        if (self.node_budget or self.node_io_depth) and (self.features != "tiered" or self.loader != "directload"):
+            raise ValueError("a node budget shares the host caches and disk queues of directload's tiered stores: "
+                             "it needs features='tiered' and loader='directload'")
+        check_int("shared_hot", self.shared_hot, low=0)
+        if self.shared_hot and not (self.packed and self.features == "tiered"):
+            raise ValueError("shared_hot keeps the packed disk store's hottest rows once per node: it needs "
+                             "packed=True and features='tiered'")
+        if self.shared_hot and self.node_budget and self.shared_hot >= self.node_budget:
+            raise ValueError(f"shared_hot ({self.shared_hot}) is taken out of node_budget ({self.node_budget}): "
+                             "it must be smaller, leaving the jobs' own caches room")
+        if self.node_io_depth and not self.node_budget:
+            raise ValueError("node_io_depth is shared within a node budget: give node_budget too")
+        from directload.budget import NodeBudget
+
+        NodeBudget(self.budget_name, host_bytes=0)  # the name's own check, before any work
         for name in ("gpu_cache", "host_cache", "staging"):  # the caches' own check (staging may be None)
             if name != "staging" or self.staging is not None:
                 check_bytes(name, getattr(self, name))
@@ -195,6 +216,7 @@ class RunResult:
     valid_acc: float = float("nan")
     warm: dict = None  # packed tiered runs: the caches' fill started before the first epoch (rows per tier)
     ranks: list = None  # DDP runs: every rank's epochs (rank 0's are ``epochs``)
+    budget: dict = None  # runs in a node budget: its name and limits, and this loader's share at each epoch's end
 
 
 def _framework(cfg):
@@ -207,10 +229,12 @@ def _seed(fw, seed):
     fw.seed(seed)
 
 
-_IO_KEYS = ("reads", "bytes_read", "read_amplification", "iops", "gb_per_s", "cpu_us_per_read", "io_seconds")
-_TIER_KEYS = ("hit_rate", "slot_rate", "hit_rows", "staged_rows", "miss_rows", "prefetched_rows", "forwarded_bytes",
-              "fallback_bytes", "passthrough", "read_s", "wait_s", "fallback_s", "policy_s", "pcie_bytes",
-              "warmed_rows")
+_IO_KEYS = ("reads", "bytes_read", "read_amplification", "iops", "gb_per_s", "cpu_us_per_read", "io_seconds",
+            "io_depth")
+_TIER_KEYS = ("rows", "hit_rate", "slot_rate", "hit_rows", "staged_rows", "miss_rows", "prefetched_rows",
+              "forwarded_bytes", "fallback_bytes", "passthrough", "read_s", "wait_s", "fallback_s", "policy_s",
+              "pcie_bytes", "warmed_rows", "capacity_rows")
+
 
 def _tier_stats(store):
     """Per tier, the epoch's counters that the report keeps."""
@@ -302,8 +326,12 @@ def train(dataset, cfg, *, progress=True, evaluate_each_epoch=False):
     result = RunResult(config=asdict(cfg))
     loader = fw.make_loader(cfg, dataset, dataset.split["train"], cfg.batch_size, True, ddp=size > 1)
     store = feature_store(dataset, cfg)
+    share = None
     try:
-        _epochs(dataset, cfg, fw, trained, opt, loader, store, result, progress and rank == 0, evaluate_each_epoch)
+        if cfg.node_budget:
+            share = _join_budget(store, cfg, result)
+        _epochs(dataset, cfg, fw, trained, opt, loader, store, result, progress and rank == 0, evaluate_each_epoch,
+                share)
         result.valid_acc = evaluate(model, cfg, dataset, dataset.split["valid"], fw=fw)
         result.test_acc = evaluate(model, cfg, dataset, dataset.split["test"], fw=fw)
         if size > 1:
@@ -313,12 +341,35 @@ def train(dataset, cfg, *, progress=True, evaluate_each_epoch=False):
             dist.all_gather_object(everyone, [asdict(e) for e in result.epochs])
             result.ranks = everyone
     finally:
+        if share is not None:
+            share.leave()  # before the store closes: the others grow into it at their next look
         if cfg.features == "tiered" and store is not None:
             store.close()  # the next run starts cold, as this one did
     return result
 
 
-def _epochs(dataset, cfg, fw, model, opt, loader, store, result, progress, evaluate_each_epoch):
+#: In a node budget, the most bytes of recycled batch buffers a job keeps (a few batches' worth).
+POOL_IN_BUDGET = 128 << 20
+
+
+def _join_budget(store, cfg, result):
+    """Join the node's budget with the tiered store: its host cache and disk queue follow the share."""
+    from directload.budget import NodeBudget
+    from directload.kernels.host_pool import default_pool
+    from directload.stores import join_budget
+
+    # the hot rows held once per node come out of the budget first; the jobs' own caches share the rest
+    budget = NodeBudget(cfg.budget_name, host_bytes=cfg.node_budget - cfg.shared_hot, io_depth=cfg.node_io_depth)
+    share = join_budget(store, budget)
+    pool = default_pool()  # recycled batch buffers are this job's own memory, outside the budget: keep few
+    pool.max_cached_bytes = min(pool.max_cached_bytes, POOL_IN_BUDGET)
+    result.budget = {"name": cfg.budget_name, "node_bytes": cfg.node_budget, "shared_hot_bytes": cfg.shared_hot,
+                     "limits": asdict(budget.limits), "want": asdict(share.want),
+                     "least": asdict(share.least), "joined": asdict(share.current), "epochs": []}
+    return share
+
+
+def _epochs(dataset, cfg, fw, model, opt, loader, store, result, progress, evaluate_each_epoch, share=None):
     for epoch in range(cfg.epochs):
         if ddp.world()[1] > 1 and hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)  # DGL's DDP split reshuffles per epoch only when told the epoch
@@ -370,6 +421,8 @@ def _epochs(dataset, cfg, fw, model, opt, loader, store, result, progress, evalu
         elif store is not None:
             stats.tiers = _tier_stats(store)
             stats.io = stats.tiers["disk"]
+        if share is not None:
+            result.budget["epochs"].append(asdict(share.refresh()))
         if evaluate_each_epoch:
             stats.valid_acc = evaluate(model, cfg, dataset, dataset.split["valid"], fw=fw)
         result.epochs.append(stats)

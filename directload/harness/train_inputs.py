@@ -3,6 +3,7 @@ disk and tiered stores over the dataset's feature files.  The frameworks' sides 
 :mod:`directload.harness.train_pyg`) and :mod:`directload.harness.train` import it; it imports neither.
 """
 
+import os
 import time
 
 import numpy as np
@@ -53,10 +54,41 @@ def feature_store(dataset, cfg):
         from directload.stores import TieredStore
 
         device = torch.device(cfg.device)
-        store = TieredStore(disk, gpu_bytes=cfg.gpu_cache, host_bytes=cfg.host_cache, staging_bytes=cfg.staging,
-                            policy=cfg.policy, device=device if device.type == "cuda" else None)
+        host, room = cfg.host_cache, None
+        if cfg.node_budget:  # the cache starts empty and grows to the loader's share (up to --host-cache)
+            room = min(cfg.host_cache or disk.num_rows * disk.row_nbytes, disk.num_rows * disk.row_nbytes)
+            host = 0
+        staging = cfg.staging if cfg.staging is not None or room is None else max(room // 4, 64 << 20)
+        store = TieredStore(disk, gpu_bytes=cfg.gpu_cache, host_bytes=host, staging_bytes=staging,
+                            policy=cfg.policy, device=device if device.type == "cuda" else None,
+                            host_room_bytes=room)
+        if cfg.shared_hot:
+            try:
+                store = hot_rows_store(dataset, cfg, disk, store)
+            except BaseException:
+                store.close()
+                raise
         dataset._tiered_store = store
     return store
+
+
+def hot_rows_store(dataset, cfg, disk, store):
+    """``store`` behind the packed disk store's hottest ``cfg.shared_hot`` bytes of rows, held once per node in
+    shared memory (:func:`directload.shared_table`): the first job on the node to get here reads them,
+    every other one maps them.  The key names the budget, the dataset and the packed file's identity, so a
+    repacked file never reuses an old copy."""
+    from directload.shared import shared_table
+    from directload.stores.hot import HotRowsStore
+
+    n = min(cfg.shared_hot // disk.row_nbytes, disk.num_rows)
+    hot = torch.as_tensor(disk.hot_ids()[:n])
+    path = dataset.path / PACKED_FILE
+    st = os.stat(path)
+    key = f"{cfg.budget_name}-{dataset.name}-hot-{st.st_ino}-{st.st_mtime_ns}-{n}"
+    # The packed file is a .npy whose first rows are the hot ones, in hot_ids' order: copied into shared
+    # memory from a mapping of the file, a chunk at a time, never through a private copy of them all.
+    rows = shared_table(key, lambda: np.load(path, mmap_mode="r", allow_pickle=False)[:n])
+    return HotRowsStore(store, hot, rows, own=True)
 
 
 def disk_store(dataset, packed=False):

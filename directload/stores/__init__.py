@@ -15,10 +15,12 @@ dataset) as a disk store with checksums, and :func:`verify` checks them.
 """
 
 from .base import ClosedError, FeatureStore, ReadFuture, check_table, read_devices
+from .budgeted import join_budget
 from .cache import POLICY_NAMES, Cache, DeviceCache, HostCache, make_policy
 from .disk import DirectIOWarning, DiskStore, io_path
 from .disk_format import read_layout, verify
 from .disk_write import write_disk_store
+from .hot import HotRowsStore
 from .packing import access_counts, hot_order, renumber
 from .records import CacheStats, Staged, Stats, TieredStats
 from .tensor import TensorStore
@@ -28,4 +30,4 @@ __all__ = ["FeatureStore", "ReadFuture", "TensorStore", "DiskStore", "DirectIOWa
            "write_disk_store", "verify", "read_layout", "read_devices", "check_table", "io_path",
            "Cache", "HostCache", "DeviceCache", "TieredStore", "make_policy", "POLICY_NAMES",
            "Staged", "Stats", "CacheStats", "TieredStats",
-           "access_counts", "hot_order", "renumber"]
+           "access_counts", "hot_order", "renumber", "join_budget", "HotRowsStore"]

@@ -117,6 +117,9 @@ class Cache(FeatureStore):
     staging_bytes : int
         Bytes of slots for rows read ahead (0: no read-ahead; the hints still reach the policy and
         the fallback).
+    room_bytes : int, optional
+        The most :meth:`resize` may grow the cached rows to (default ``capacity_bytes``).  The slots past
+        the capacity are address space only: a host cache touches their pages when it grows into them.
 
     Examples
     --------
@@ -128,13 +131,16 @@ class Cache(FeatureStore):
 
     tier = "cache"
 
-    def __init__(self, fallback, capacity_bytes, policy="lookahead", *, staging_bytes=0):
+    def __init__(self, fallback, capacity_bytes, policy="lookahead", *, staging_bytes=0, room_bytes=None):
         super().__init__()
         if not isinstance(fallback, FeatureStore):
             raise TypeError(f"fallback must be a directload FeatureStore, not {type(fallback).__name__}")
         fallback._check_open()
         capacity_bytes = check_bytes("capacity_bytes", capacity_bytes)
         staging_bytes = check_bytes("staging_bytes", staging_bytes)
+        room_bytes = capacity_bytes if room_bytes is None else check_bytes("room_bytes", room_bytes)
+        if room_bytes < capacity_bytes:
+            raise ValueError(f"room_bytes ({room_bytes}) is less than capacity_bytes ({capacity_bytes})")
         self.fallback = fallback
         # The fallback's shape, read once: its rows must not change while the cache is open.
         self._num_rows, self._row_shape, self._dtype = fallback.num_rows, tuple(fallback.row_shape), fallback.dtype
@@ -144,14 +150,18 @@ class Cache(FeatureStore):
         self.staging_rows = min(n, staging_bytes // rnb) if rnb else 0
         self.policy = make_policy(policy, self.capacity_rows)
         self._policy_spec = policy  # what resize() makes the policy of another capacity from
-        self.room_rows = self.capacity_rows  # the most rows resize() can grow to: the slots allocated
+        self.room_rows = min(n, room_bytes // rnb) if rnb else 0  # the most rows resize() can grow to
         self._generation = 0  # resizes so far: a read that began before one asks the new policy again
         # Slots hold rows in the words the kernels move (complex128 rows as their bytes, in 8-byte words).
         self._words = row_words(fallback.dtype, fallback.row_shape)
         self._row_elems = int(np.prod(fallback.row_shape, dtype=np.int64))
-        slots = self.capacity_rows + self.staging_rows
-        self._rows = self._allocate(slots)
+        used = self.capacity_rows + self.staging_rows
+        slots = self.room_rows + self.staging_rows
+        self._rows = self._allocate(slots, used)
         self._table = SlotTable(n, slots)
+        if used < slots:
+            self._table.set_limit(used)
+            self._table.take_newly_parked()  # never touched: nothing to give back
         self._announced = Announced(n)
         self._lock = threading.Condition()
         self._batch = 0  # reads matched to announced batches so far (the policy's clock)
@@ -217,7 +227,8 @@ class Cache(FeatureStore):
     def memory(self):
         return memory_of(self._rows)
 
-    def _allocate(self, slots):
+    def _allocate(self, slots, used):
+        """The slots' memory: ``slots`` rows, of which the first ``used`` are used from the start."""
         raise NotImplementedError
 
     def _release_slots(self, slots):
@@ -747,13 +758,18 @@ class HostCache(Cache):
 
     tier = "host"
 
-    def _allocate(self, slots):
+    @property
+    def pinned(self):
+        """Whether the slots are pinned (page-locked) memory, which a node budget counts as pinned bytes too."""
+        return self._alloc.kind != "host"
+
+    def _allocate(self, slots, used):
         nbytes = slots * self.fallback.row_nbytes
         self._alloc = memory.allocate(max(nbytes, 1), pin="auto")
         raw = torch.from_numpy(memory.host_array(self._alloc)[:nbytes])
-        # Touch every page now: a first write into a slot would otherwise fault its page in during an
+        # Touch every page used now: a first write into a slot would otherwise fault its page in during an
         # epoch (measured: filling fresh slots ran at 0.8 GB/s, a fifth of a gather's speed).
-        raw.zero_()
+        raw[:used * self.fallback.row_nbytes].zero_()
         return raw.view(self._words.dtype).view(slots, *self._words.shape)
 
     def _release_slots(self, slots):
@@ -795,7 +811,7 @@ class DeviceCache(Cache):
             usable_device(device)
         super().__init__(fallback, capacity_bytes, policy, staging_bytes=staging_bytes)
 
-    def _allocate(self, slots):
+    def _allocate(self, slots, used):
         return torch.empty((slots, *self._words.shape), dtype=self._words.dtype, device=self._device)
 
     def _after_gather(self, q, inv, staged):

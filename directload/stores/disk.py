@@ -193,6 +193,7 @@ class DiskStore(FeatureStore):
         self._stats = dict.fromkeys(("rows", "unique_rows", "requested_bytes", "bytes_read", "reads",
                                      "io_seconds", "cpu_seconds", "batches", "zero_copy_batches"), 0)
         self._pid = None
+        self._io_limit = queue_depth
         self._staging = StagingBuffer(minimum=1, growth_limit=staging_bytes)
         self._fd = self._open_file(_expect)
         self._start()
@@ -271,6 +272,7 @@ class DiskStore(FeatureStore):
             engine = disk_io.UringEngine(o["queue_depth"], o["rings"], o["retries"], o["submit_batch"])
         else:
             engine = disk_io.PreadEngine(max(4, o["rings"] * 4), o["retries"])
+        engine.limit = min(engine.limit, self._io_limit)
         self._engine = engine
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="directload-disk")
         self._pid = os.getpid()
@@ -467,6 +469,27 @@ class DiskStore(FeatureStore):
                       str(self.path))
 
     # ------------------------------------------------------------- counters
+    def set_io_depth(self, depth):
+        """Keep at most ``depth`` reads in flight per ring (at most the ``queue_depth`` opened with; the
+        pread fallback: threads), from the next batch on, as a node budget's share of the disk's queue asks
+        (:mod:`directload.budget`).  Returns the depth now in force.
+
+        Examples
+        --------
+        >>> import tempfile, numpy as np
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     np.save(d + "/t.npy", np.zeros((8, 4), np.float32))
+        ...     with DiskStore(d + "/t.npy", queue_depth=32) as store:
+        ...         print(store.set_io_depth(8), store.set_io_depth(100), store.stats()["io_depth"])
+        8 32 32
+        """
+        depth = check_int("depth", depth)
+        self._io_limit = min(depth, self._options["queue_depth"])
+        engine = getattr(self, "_engine", None)
+        if engine is not None:
+            engine.limit = min(self._io_limit, engine.threads if hasattr(engine, "threads") else self._io_limit)
+        return self._io_limit
+
     def _counters(self):
         """Counters since open (or :meth:`reset_stats`), as :meth:`stats` reports them.
 
@@ -484,7 +507,7 @@ class DiskStore(FeatureStore):
         unique_bytes = s["unique_rows"] * self.row_nbytes
         s.update(
             engine=self.engine_name, direct=self.direct, block=self.block,
-            queue_depth=self._options["queue_depth"], rings=self._options["rings"],
+            queue_depth=self._options["queue_depth"], io_depth=self._io_limit, rings=self._options["rings"],
             submit_batch=self._options["submit_batch"],
             read_amplification=s["bytes_read"] / unique_bytes if unique_bytes else 0.0,
             iops=s["reads"] / s["io_seconds"] if s["io_seconds"] else 0.0,

@@ -272,6 +272,7 @@ class UringEngine:
         if not f:
             raise OSError(errno.ENOSYS, "io_uring is not available (the liburing package does not load)")
         self.queue_depth, self.retries, self.submit_batch = int(queue_depth), int(retries), int(submit_batch)
+        self.limit = self.queue_depth  # reads in flight per ring, at most queue_depth (a node budget lowers it)
         self._f = f
         self._rings = []
         self._pool = None  # set before any ring, so a failed setup closes cleanly
@@ -314,7 +315,7 @@ class UringEngine:
             k = self._free.pop()
         try:
             ring, cqes = self._rings[k]
-            status = _uring_run(ctypes.addressof(ring), fd, offsets, lengths, dsts, needed, self.queue_depth, block,
+            status = _uring_run(ctypes.addressof(ring), fd, offsets, lengths, dsts, needed, self.limit, block,
                           self.retries, FAULTS, res, cqes, self.submit_batch)
             if status < 0:  # entries may be left queued in the ring: start it afresh
                 self._f["queue_exit"](ctypes.addressof(ring))
@@ -393,6 +394,7 @@ class PreadEngine:
 
     def __init__(self, threads=4, retries=3):
         self.threads, self.retries = int(threads), int(retries)
+        self.limit = self.threads  # reads in flight (threads used), at most threads (a node budget lowers it)
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="directload-pread") \
             if self.threads > 1 else None
         self._pool_cpu = 0.0
@@ -400,10 +402,11 @@ class PreadEngine:
     def read(self, fd, offsets, lengths, dsts, needed, block):
         res = np.full(offsets.shape[0], -errno.EIO, np.int64)
         n = offsets.shape[0]
-        if self._pool is None or n < 4 * self.threads:
+        parts = max(1, min(self.threads, self.limit))
+        if self._pool is None or parts == 1 or n < 4 * parts:
             _pread_run(fd, offsets, lengths, dsts, needed, block, self.retries, FAULTS, res)
             return res
-        bounds = np.linspace(0, n, self.threads + 1).astype(np.int64)
+        bounds = np.linspace(0, n, parts + 1).astype(np.int64)
         futures = [self._pool.submit(_timed, _pread_run, fd, offsets[a:b], lengths[a:b], dsts[a:b], needed[a:b],
                                      block, self.retries, FAULTS, res[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
         wait(futures)

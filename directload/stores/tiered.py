@@ -34,6 +34,9 @@ class TieredStore(FeatureStore):
         tier.
     device : torch.device, optional
         The GPU of the device cache.
+    host_room_bytes : int, optional
+        The most :meth:`resize` may grow the host cache to (default ``host_bytes``); the room past
+        ``host_bytes`` is address space until used (pinned memory, where CUDA runs, is pinned whole).
 
     Notes
     -----
@@ -53,7 +56,7 @@ class TieredStore(FeatureStore):
     tier = "tiered"
 
     def __init__(self, source, *, gpu_bytes=0, host_bytes=0, staging_bytes=None, policy="lookahead", device=None,
-                 **disk_options):
+                 host_room_bytes=None, **disk_options):
         super().__init__()
         gpu_bytes, host_bytes = check_bytes("gpu_bytes", gpu_bytes), check_bytes("host_bytes", host_bytes)
         if staging_bytes is not None:
@@ -70,8 +73,9 @@ class TieredStore(FeatureStore):
             staging_bytes = max(host_bytes // 4, 64 << 20) if host_bytes else 0
         chain = [base]
         try:
-            if host_bytes or staging_bytes:
-                chain.append(HostCache(base, host_bytes, policy, staging_bytes=staging_bytes))
+            if host_bytes or staging_bytes or host_room_bytes:
+                chain.append(HostCache(base, host_bytes, policy, staging_bytes=staging_bytes,
+                                       room_bytes=host_room_bytes))
             if gpu_bytes:
                 chain.append(DeviceCache(chain[-1], gpu_bytes, policy, device=device))
         except BaseException:
@@ -127,6 +131,30 @@ class TieredStore(FeatureStore):
         for cache in self.tiers[-2::-1]:
             out[cache.tier] = cache.warm(ids, background=background, progress=progress, after=below)
             below = cache.warming
+        return out
+
+    def resize(self, *, host_bytes=None, gpu_bytes=None):
+        """Resize the host and/or GPU cache while reads go on (see :meth:`~directload.stores.Cache.resize`);
+        a tier the store was made without cannot be added.  Returns ``{tier name: capacity in rows}``.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from directload.stores import TensorStore
+        >>> with TieredStore(TensorStore(torch.zeros(100, 2)), host_bytes=40 * 8, staging_bytes=0,
+        ...                  host_room_bytes=80 * 8, policy="lru") as store:
+        ...     store.resize(host_bytes=64 * 8), store.resize(host_bytes=10 ** 6)
+        ({'host': 64}, {'host': 80})
+        """
+        self._check_open()
+        out = {}
+        for tier, nbytes in (("host", host_bytes), ("device", gpu_bytes)):
+            if nbytes is None:
+                continue
+            cache = next((c for c in self.tiers[:-1] if c.tier == tier), None)
+            if cache is None:
+                raise ValueError(f"this TieredStore has no {tier} cache to resize")
+            out[tier] = cache.resize(nbytes)
         return out
 
     def stats(self):

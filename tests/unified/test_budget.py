@@ -238,3 +238,21 @@ def test_shares_drive_host_caches_without_a_wrong_row(where, rng):
             t.join()
     assert errors == []
     assert _left(where) == []
+
+
+def test_a_budget_whose_loaders_were_all_killed_is_swept_by_the_next_join(where):
+    script = _MEMBER.replace('"kill"', '"orphan"')
+    child = subprocess.Popen([sys.executable, "-c", script, where], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "900"
+        live = NodeBudget("other", host_bytes=10, directory=where).join(Resources(5))
+        assert sorted(_left(where)) == [PREFIX + "orphan", PREFIX + "other"]  # its loader lives: kept
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert PREFIX + "orphan" in _left(where)  # nobody looked since
+    again = NodeBudget("third", host_bytes=10, directory=where).join(Resources(5))
+    assert sorted(_left(where)) == [PREFIX + "other", PREFIX + "third"]  # the orphan went, the live one stayed
+    live.leave()
+    again.leave()
+    assert _left(where) == []

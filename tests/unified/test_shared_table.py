@@ -22,18 +22,6 @@ def _ours(directory):
     return sorted(n for n in os.listdir(directory) if n.startswith(PREFIX))
 
 
-@pytest.fixture
-def shm(tmp_path):
-    """A tmpfs of our own where one can be mounted (root), else a plain directory (the protocol is the same)."""
-    where = tmp_path / "shm"
-    where.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512m", "tmpfs", str(where)],
-                             capture_output=True).returncode == 0
-    yield str(where)
-    if mounted:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True)
-
-
 def test_a_table_maps_read_only_with_its_rows_and_leaves_no_name_once_every_rank_mapped_it(shm, rng):
     table = torch.from_numpy(rng.standard_normal((300, 7)).astype(np.float32))
     t = shared_table("feat", table, ranks=2, directory=shm)

@@ -1,0 +1,171 @@
+"""``HotRowsStore``: read-only hot rows held once per node, in front of each process's own store."""
+
+import threading
+
+import numpy as np
+import torch
+
+from .base import FeatureStore, ReadFuture
+from .records import Stats, TieredStats
+
+__all__ = ["HotRowsStore"]
+
+
+class HotRowsStore(FeatureStore):
+    """Reads of the rows in ``hot_ids`` come from ``rows``, every other read from ``fallback``.
+
+    Made for many processes on one node reading one table: the hottest rows (a packed disk store's first
+    rows, :meth:`~directload.stores.DiskStore.hot_ids`) go once into shared memory
+    (:func:`directload.shared_table`) and every process puts them in front of its own caches, which then
+    hold only the rest: the read-only part of the cache lives once per node, only the dynamic part per
+    process.  Prefetch hints and warming reach the fallback without the hot rows, so its cache never
+    spends room on them.
+
+    Parameters
+    ----------
+    fallback : FeatureStore
+        Every row that is not hot (a :class:`~directload.stores.TieredStore`, a cache, a disk store).
+    hot_ids : sequence of int
+        The hot rows' ids, distinct, in ``rows``' order.
+    rows : torch.Tensor or directload.UnifiedTensor
+        ``[len(hot_ids), *row_shape]`` of the fallback's dtype, in host memory.
+    own : bool
+        Close ``fallback`` with this store.
+
+    Examples
+    --------
+    >>> from directload.stores import TensorStore
+    >>> table = torch.arange(20.0).view(10, 2)
+    >>> store = HotRowsStore(TensorStore(table), [7, 2], table[[7, 2]].clone())
+    >>> torch.equal(store.read([2, 5, 7]), table[[2, 5, 7]]), store.stats()["hot"]["hit_rows"]
+    (True, 2)
+    """
+
+    tier = "hot"
+
+    def __init__(self, fallback, hot_ids, rows, *, own=False):
+        super().__init__()
+        if not isinstance(fallback, FeatureStore):
+            raise TypeError(f"fallback must be a directload FeatureStore, not {type(fallback).__name__}")
+        fallback._check_open()
+        hot = np.asarray(hot_ids.cpu() if isinstance(hot_ids, torch.Tensor) else hot_ids)
+        if hot.ndim != 1 or (hot.size and hot.dtype.kind not in "iu"):
+            raise TypeError(f"hot_ids must be a 1-D sequence of integer ids, got {hot.dtype} of shape {hot.shape}")
+        hot = hot.astype(np.int64, copy=False)
+        n = fallback.num_rows
+        if hot.size and (hot.min() < 0 or hot.max() >= n):
+            raise IndexError(f"hot_ids must be in [0, {n}), got {int(hot.min())}..{int(hot.max())}")
+        if np.unique(hot).size != hot.size:
+            raise ValueError("hot_ids must be distinct")
+        host = getattr(rows, "host", rows) if getattr(rows, "is_unified", False) else rows
+        if not isinstance(host, torch.Tensor):
+            raise TypeError(f"rows must be a tensor or a unified tensor, not {type(rows).__name__}")
+        want = (hot.size, *fallback.row_shape)
+        if tuple(host.shape) != want or host.dtype != fallback.dtype or host.device.type != "cpu":
+            raise ValueError(f"rows must be a host {fallback.dtype} tensor of shape {want}, got {host.dtype} "
+                             f"{tuple(host.shape)} on {host.device}")
+        self.fallback, self._own = fallback, own
+        self._keep = rows  # the mapping stays alive as long as this store
+        self._rows = host
+        self._pos = np.full(n, -1, np.int64)
+        self._pos[hot] = np.arange(hot.size)
+        self._hot = hot
+        self._lock = threading.Lock()
+        self._stats = {"rows": 0, "hit_rows": 0, "miss_rows": 0}
+
+    @property
+    def num_rows(self):
+        return self.fallback.num_rows
+
+    @property
+    def row_shape(self):
+        return self.fallback.row_shape
+
+    @property
+    def dtype(self):
+        return self.fallback.dtype
+
+    @property
+    def memory(self):
+        return self.fallback.memory
+
+    @property
+    def hot_rows(self):
+        """How many rows are hot."""
+        return int(self._hot.size)
+
+    def _own_memory(self):
+        return (self._rows, *self.fallback._own_memory())
+
+    def _read_async(self, index, out, run_device, out_device):
+        ids = index.cpu().numpy().astype(np.int64, copy=False)
+        pos = self._pos[ids]
+        hot = pos >= 0
+        n_hot = int(hot.sum())
+        with self._lock:
+            self._stats["rows"] += ids.size
+            self._stats["hit_rows"] += n_hot
+            self._stats["miss_rows"] += ids.size - n_hot
+        if not n_hot:
+            return self.fallback.read_async(index, out=out, device=out_device)
+        cold_at = np.flatnonzero(~hot)
+        cold = self.fallback.read_async(torch.from_numpy(ids[cold_at]), device=out_device) if cold_at.size else None
+        hot_at = np.flatnonzero(hot)
+        result = out if out is not None else torch.empty((ids.size, *self.row_shape), dtype=self.dtype,
+                                                         device=out_device)
+
+        table = self._rows  # close() lets the shared copy go; a read started before it still has it
+
+        def finish():
+            rows = table.index_select(0, torch.from_numpy(pos[hot_at]))
+            result[torch.from_numpy(hot_at).to(out_device)] = rows.to(out_device, non_blocking=False)
+            if cold is not None:
+                result[torch.from_numpy(cold_at).to(out_device)] = cold.wait()
+            return result
+
+        return ReadFuture(run=finish)
+
+    def _cold(self, index):
+        ids = index.cpu().numpy().astype(np.int64, copy=False)
+        return torch.from_numpy(ids[self._pos[ids] < 0])
+
+    def _prefetch(self, index):
+        self.fallback.prefetch(self._cold(index))
+
+    def hot_ids(self):
+        """The fallback's hot rows that are not held here (what its caches are worth filling with)."""
+        ids = self.fallback.hot_ids()
+        if ids is None:
+            return None
+        return self._cold(torch.as_tensor(ids))
+
+    def warm(self, ids=None, *, background=False, progress=False):
+        """Warm the fallback's caches with ``ids`` (default :meth:`hot_ids`), leaving out the hot rows."""
+        self._check_open()
+        if not callable(getattr(self.fallback, "warm", None)):
+            raise TypeError(f"{self.fallback!r} has no cache to warm")
+        ids = self._warm_ids(ids)
+        return self.fallback.warm(self._cold(torch.as_tensor(ids)), background=background, progress=progress)
+
+    def stats(self):
+        """This store's record (``"hot"``: rows asked, ``hit_rows`` served here, ``miss_rows`` passed on) before
+        the fallback's tiers."""
+        with self._lock:
+            mine = Stats(self.tier, {**self._stats, "hit_rate": self._stats["hit_rows"] / max(self._stats["rows"], 1),
+                                     "capacity_rows": self.hot_rows})
+        return TieredStats([mine, *self.fallback.stats().tiers])
+
+    def _reset_counters(self):
+        with self._lock:
+            for key in self._stats:
+                self._stats[key] = 0
+        self.fallback.reset_stats()
+
+    def _close(self):
+        self._keep = self._rows = None  # the node's copy is let go of (its last user removes its name)
+        if self._own:
+            self.fallback.close()
+
+    def __repr__(self):
+        state = ", closed" if self._closed else ""
+        return f"HotRowsStore({self.hot_rows} hot rows -> {self.fallback!r}{state})"

@@ -1,0 +1,50 @@
+"""Files written whole or not at all, by one process or by several at once."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from directload.atomic import PARTIAL_SUFFIX, write_atomically
+
+_WRITER = textwrap.dedent("""
+    import sys, time
+    from directload.atomic import write_atomically
+
+    def write(f):
+        print("writing", flush=True)
+        for _ in range(20):
+            f.write(sys.argv[2].encode() * 4096)
+            time.sleep(float(sys.argv[3]))
+
+    write_atomically(sys.argv[1], write)
+""")
+
+
+def _partials(where):
+    return [e for e in os.listdir(where) if e.endswith(PARTIAL_SUFFIX)]
+
+
+def test_two_processes_writing_one_file_at_once_both_finish(tmp_path):
+    path = tmp_path / "graph.npz"
+    slow = subprocess.Popen([sys.executable, "-c", _WRITER, str(path), "a", "0.25"], stdout=subprocess.PIPE, text=True)
+    assert slow.stdout.readline().strip() == "writing"
+    fast = subprocess.run([sys.executable, "-c", _WRITER, str(path), "b", "0"], capture_output=True, text=True)
+    assert fast.returncode == 0, fast.stderr  # its sweep left the slow writer's partial alone ...
+    assert slow.wait(timeout=60) == 0  # ... which then renamed it, whole (before the lock: FileNotFoundError)
+    assert path.read_bytes() == b"a" * 4096 * 20
+    assert _partials(tmp_path) == []
+
+
+def test_a_killed_writers_partial_goes_with_the_next_write(tmp_path):
+    path = tmp_path / "x.bin"
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(path), "a", "1"], stdout=subprocess.PIPE, text=True)
+    assert writer.stdout.readline().strip() == "writing"
+    time.sleep(0.2)
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+    assert len(_partials(tmp_path)) == 1 and not path.exists()
+    write_atomically(path, lambda f: f.write(b"whole"))
+    assert path.read_bytes() == b"whole" and _partials(tmp_path) == []
