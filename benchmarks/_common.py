@@ -4,6 +4,8 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -146,3 +148,16 @@ def grouped_bars(path, labels, series, ylabel, title, rotation=45, log=False):
     ax.set_title(title)
     ax.legend(fontsize=8)
     save_figure(fig, path)
+
+
+def pack_disk_store(args):
+    """Write the packed disk store (``directload dataset pack``) of ``args.dataset`` under ``args.root`` with
+    the runs' sampler settings (``fanouts``, ``batch_size``, ``pack_epochs``); its seconds."""
+    cmd = [sys.executable, "-m", "directload", "dataset", "pack", "--name", args.dataset, "--root", args.root,
+           "--framework", "dgl", "--fanouts", *map(str, args.fanouts), "--batch-size", str(args.batch_size),
+           "--epochs", str(args.pack_epochs), "--no-progress"]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"directload dataset pack failed (exit {proc.returncode}): {proc.stderr[-600:]}")
+    return time.perf_counter() - t0

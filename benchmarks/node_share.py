@@ -31,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-from _common import RESULTS, print_table, system_facts, write_json
+from _common import RESULTS, pack_disk_store, print_table, system_facts, write_json
 
 from directload.datasets import dataset_exists, load, synthesize
 from directload.datasets.synthetic import SynthConfig
@@ -73,18 +73,6 @@ def job_args(args, mode, budget, name, out_dir):
     else:  # alone, roomy: each job's cache sized as if it had the node to itself
         cmd += ["--host-cache", str(budget - args.staging)]
     return cmd
-
-
-def pack(args):
-    """Write the packed disk store with the jobs' sampler settings; its seconds."""
-    cmd = [sys.executable, "-m", "directload", "dataset", "pack", "--name", args.dataset, "--root", args.root,
-           "--framework", "dgl", "--fanouts", *map(str, args.fanouts), "--batch-size", str(args.batch_size),
-           "--epochs", str(args.pack_epochs), "--no-progress"]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode:
-        raise RuntimeError(f"directload dataset pack failed (exit {proc.returncode}): {proc.stderr[-600:]}")
-    return time.perf_counter() - t0
 
 
 def group(spec_path):
@@ -217,7 +205,7 @@ def main(argv=None):
     del ds
     modes = args.modes.split(",")
     if {"packed", "shared"} & set(modes):
-        pack_s = pack(args)
+        pack_s = pack_disk_store(args)
         print(f"  packed the disk store ({args.pack_epochs} pre-sampled epochs) in {pack_s:.0f} s", flush=True)
     budget = int(table_bytes * args.budget_frac)
     print(f"{args.dataset}: feature table {table_bytes / 2**30:.2f} GiB; node budget {budget / 2**20:.0f} MiB "

@@ -27,10 +27,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from _common import RESULTS, print_table, system_facts, write_json
+from _common import RESULTS, pack_disk_store, print_table, system_facts, write_json
 
 from directload.capabilities import capabilities
 from directload.datasets import PRESETS, dataset_exists, load, synthesize
@@ -66,18 +65,6 @@ def configs(args, table_bytes, cuda):
                                        "--gpu-cache", str(gpu), "--staging", staging, "--policy", "lookahead",
                                        "--packed", "--memory-limit", tiered_cap]))
     return out
-
-
-def pack(args):
-    """Write the packed disk store with the runs' sampler settings; its seconds."""
-    cmd = [sys.executable, "-m", "directload", "dataset", "pack", "--name", args.dataset, "--root", args.root,
-           "--framework", "dgl", "--fanouts", *map(str, args.fanouts), "--batch-size", str(args.batch_size),
-           "--epochs", str(args.pack_epochs), "--no-progress"]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode:
-        raise RuntimeError(f"directload dataset pack failed (exit {proc.returncode}): {proc.stderr[-600:]}")
-    return time.perf_counter() - t0
 
 
 def warm_page_cache(path, chunk=64 << 20):
@@ -143,7 +130,7 @@ def main(argv=None):
         if args.only and name not in args.only.split(","):
             continue
         if "--packed" in extra and pack_s is None:
-            pack_s = pack(args)
+            pack_s = pack_disk_store(args)
             print(f"  packed the disk store ({args.pack_epochs} pre-sampled epochs, rewritten hottest rows first) "
                   f"in {pack_s:.1f} s, before the runs", flush=True)
         if name == "in memory":

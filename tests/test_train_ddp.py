@@ -97,18 +97,24 @@ def _rank_of(pid):
     return next((int(e[5:]) for e in env if e.startswith(b"RANK=")), None)
 
 
+def _wait_for_ranks(proc, n=2):
+    """``{rank: pid}`` of the launcher ``proc``'s ranks, once all ``n`` have started."""
+    deadline = time.monotonic() + 120
+    ranks = {}
+    while len(ranks) < n:
+        assert time.monotonic() < deadline and proc.poll() is None
+        ranks = {_rank_of(p): p for p in _descendants(proc.pid) if _rank_of(p) is not None}
+        time.sleep(0.2)
+    return ranks
+
+
 def test_a_rank_killed_mid_training_ends_the_run_with_an_error_naming_it(root, tmp_path):
     argv = [a if a != "2" or i != TRAIN.index("--epochs") + 1 else "200" for i, a in enumerate(TRAIN)]
     proc = subprocess.Popen([sys.executable, "-m", "directload", *argv, "--root", str(root), "--out", str(tmp_path),
                              "--nproc", "2", "--loader", "directload"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=_env())
     try:
-        deadline = time.monotonic() + 120
-        ranks = {}
-        while len(ranks) < 2:
-            assert time.monotonic() < deadline and proc.poll() is None
-            ranks = {_rank_of(p): p for p in _descendants(proc.pid) if _rank_of(p) is not None}
-            time.sleep(0.2)
+        ranks = _wait_for_ranks(proc)
         time.sleep(5)  # training
         os.kill(ranks[1], signal.SIGKILL)
         _, err = proc.communicate(timeout=120)  # never hangs: the other rank is stopped
@@ -128,12 +134,7 @@ def test_ranks_die_with_the_launcher(root, tmp_path):
                              "--nproc", "2", "--loader", "directload"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env=_env())
     try:
-        deadline = time.monotonic() + 120
-        ranks = {}
-        while len(ranks) < 2:
-            assert time.monotonic() < deadline and proc.poll() is None
-            ranks = {_rank_of(p): p for p in _descendants(proc.pid) if _rank_of(p) is not None}
-            time.sleep(0.2)
+        ranks = _wait_for_ranks(proc)
     finally:
         proc.kill()
         proc.wait()

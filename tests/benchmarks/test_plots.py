@@ -84,3 +84,19 @@ def test_out_of_core_caps_hold_a_gpu_cache_that_lives_in_host_memory(captured, c
     assert caps["HostCache lookahead packed"] == 2500 + 1000
     assert caps["TieredStore packed"] == caps["TieredStore"] == 2500 + 1000 + (0 if cuda else 500)
     assert caps["DiskStore"] == 1000
+
+
+def test_node_share_plot_draws_each_mode_against_the_budget_and_the_fairness_goal(captured, monkeypatch):
+    share = importlib.import_module("node_share")
+    monkeypatch.setattr(share, "save_figure", lambda fig, path: captured.append(fig))
+    assert share.jain([3, 3, 3]) == 1.0 and abs(share.jain([1, 0]) - 0.5) < 1e-12 and share.jain([0, 0]) == 0.0
+    rows = [{"jobs": j, "mode": m, "agg rows/s": 100.0 * j, "jain": 1.0 if m == "arbiter" else 1 / j,
+             "caches held MiB": 488.0 * (1 if m == "arbiter" else j)} for j in (1, 2) for m in ("arbiter", "alone")]
+    args = type("A", (), {"dataset": "synth-share", "budget_frac": 0.5})()
+    share.plot(rows, None, args, 488 * 2**20)
+    rate, fair, memory = captured[0].axes
+    assert [line.get_label() for line in rate.get_lines()] == ["arbiter", "alone"]
+    assert 0.9 in [line.get_ydata()[0] for line in fair.get_lines()]  # the goal is drawn
+    held = {line.get_label(): list(line.get_ydata()) for line in memory.get_lines()}
+    assert held["arbiter: caches held"] == [488.0, 488.0] and held["alone: caches held"] == [488.0, 976.0]
+    assert list(held["node budget"]) == [488.0, 488.0]
