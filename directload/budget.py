@@ -159,7 +159,11 @@ class NodeBudget:
         if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not 0.01 <= poll <= 60:
             raise ValueError(f"poll must be seconds in [0.01, 60], not {poll!r}")
         self.poll = float(poll)
-        self.path = os.path.join(directory or "/dev/shm", PREFIX + name)
+        directory = os.fspath(directory) if directory is not None else "/dev/shm"
+        if not os.path.isdir(directory):
+            raise ValueError(f"a node budget lives in a directory that exists (a tmpfs such as /dev/shm), not "
+                             f"{directory!r}")
+        self.path = os.path.join(directory, PREFIX + name)
 
     def join(self, want, *, least=None, on_change=None):
         """Take a share of the budget: up to ``want`` (:class:`Resources`), at least ``least`` (default

@@ -119,6 +119,7 @@ def test_other_limits_under_the_same_name_are_refused(where):
     ({"name": "../up"}, ValueError), ({"name": ""}, ValueError), ({"name": 3}, ValueError),
     ({"host_bytes": -1}, ValueError), ({"host_bytes": 1.5}, ValueError), ({"io_depth": True}, ValueError),
     ({"poll": 0}, ValueError), ({"poll": "1"}, ValueError), ({"poll": True}, ValueError),
+    ({"directory": "/nonexistent/directload"}, ValueError),
 ])
 def test_bad_budgets_are_refused(where, kwargs, error):
     args = {"name": "ok", "host_bytes": 10, "directory": where} | kwargs
