@@ -31,6 +31,9 @@ def _report(out):
     return json.loads(path.read_text())
 
 
+_TEXT = {"encoding": "utf-8", "errors": "replace"}  # progress bars are UTF-8 whatever the locale (CI's is ASCII)
+
+
 def _env():
     return dict(os.environ, OMP_NUM_THREADS="1")
 
@@ -48,7 +51,7 @@ def _check_two_ranks(report):
 
 def test_nproc_two_trains_on_two_ranks_and_reports_each(root, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "directload", *TRAIN, "--root", str(root), "--out", str(tmp_path),
-                           "--nproc", "2", "--loader", "both"], capture_output=True, text=True, timeout=300,
+                           "--nproc", "2", "--loader", "both"], capture_output=True, **_TEXT, timeout=300,
                           env=_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = _report(tmp_path)
@@ -61,7 +64,7 @@ def test_nproc_two_trains_on_two_ranks_and_reports_each(root, tmp_path):
 def test_torchrun_ranks_join_its_job_and_rank_zero_reports(root, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            "-m", "directload", *TRAIN, "--root", str(root), "--out", str(tmp_path),
-                           "--loader", "directload"], capture_output=True, text=True, timeout=300, env=_env())
+                           "--loader", "directload"], capture_output=True, **_TEXT, timeout=300, env=_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     _check_two_ranks(_report(tmp_path))
 
@@ -69,7 +72,7 @@ def test_torchrun_ranks_join_its_job_and_rank_zero_reports(root, tmp_path):
 def test_nproc_under_torchrun_is_refused_in_one_line(root, tmp_path):
     env = dict(_env(), RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
     proc = subprocess.run([sys.executable, "-m", "directload", *TRAIN, "--root", str(root), "--out", str(tmp_path),
-                           "--nproc", "2"], capture_output=True, text=True, timeout=120, env=env)
+                           "--nproc", "2"], capture_output=True, **_TEXT, timeout=120, env=env)
     assert proc.returncode == 1
     assert proc.stderr.strip() == ("directload: error: this process is rank 0 of 2 that torchrun started: leave "
                                    "--nproc out (torchrun's --nproc-per-node starts the ranks)")
@@ -112,7 +115,7 @@ def test_a_rank_killed_mid_training_ends_the_run_with_an_error_naming_it(root, t
     argv = [a if a != "2" or i != TRAIN.index("--epochs") + 1 else "200" for i, a in enumerate(TRAIN)]
     proc = subprocess.Popen([sys.executable, "-m", "directload", *argv, "--root", str(root), "--out", str(tmp_path),
                              "--nproc", "2", "--loader", "directload"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=_env())
+                            stderr=subprocess.PIPE, **_TEXT, env=_env())
     try:
         ranks = _wait_for_ranks(proc)
         time.sleep(5)  # training
