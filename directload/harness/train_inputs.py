@@ -56,10 +56,9 @@ def feature_store(dataset, cfg):
         device = torch.device(cfg.device)
         host, room = cfg.host_cache, None
         if cfg.node_budget:  # the cache starts empty and grows to the loader's share (up to --host-cache)
-            room = min(cfg.host_cache or disk.num_rows * disk.row_nbytes, disk.num_rows * disk.row_nbytes)
-            host = 0
-        staging = cfg.staging if cfg.staging is not None or room is None else max(room // 4, 64 << 20)
-        store = TieredStore(disk, gpu_bytes=cfg.gpu_cache, host_bytes=host, staging_bytes=staging,
+            table = disk.num_rows * disk.row_nbytes
+            room, host = min(cfg.host_cache or table, table), 0
+        store = TieredStore(disk, gpu_bytes=cfg.gpu_cache, host_bytes=host, staging_bytes=cfg.staging,
                             policy=cfg.policy, device=device if device.type == "cuda" else None,
                             host_room_bytes=room)
         if cfg.shared_hot:

@@ -272,7 +272,7 @@ class DiskStore(FeatureStore):
             engine = disk_io.UringEngine(o["queue_depth"], o["rings"], o["retries"], o["submit_batch"])
         else:
             engine = disk_io.PreadEngine(max(4, o["rings"] * 4), o["retries"])
-        engine.limit = min(engine.limit, self._io_limit)
+        engine.limit = self._io_limit
         self._engine = engine
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="directload-disk")
         self._pid = os.getpid()
@@ -487,7 +487,7 @@ class DiskStore(FeatureStore):
         self._io_limit = min(depth, self._options["queue_depth"])
         engine = getattr(self, "_engine", None)
         if engine is not None:
-            engine.limit = min(self._io_limit, engine.threads if hasattr(engine, "threads") else self._io_limit)
+            engine.limit = self._io_limit
         return self._io_limit
 
     def _counters(self):

@@ -394,7 +394,7 @@ class PreadEngine:
 
     def __init__(self, threads=4, retries=3):
         self.threads, self.retries = int(threads), int(retries)
-        self.limit = self.threads  # reads in flight (threads used), at most threads (a node budget lowers it)
+        self.limit = self.threads  # reads in flight (threads used; more than threads counts as threads)
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="directload-pread") \
             if self.threads > 1 else None
         self._pool_cpu = 0.0

@@ -27,8 +27,9 @@ class TieredStore(FeatureStore):
     host_bytes : int
         Bytes of the :class:`~directload.stores.HostCache` (0: none).
     staging_bytes : int, optional
-        Bytes of the host tier's read-ahead slots; default a quarter of ``host_bytes`` (at least
-        64 MiB when there is a host tier).  Rows of announced batches are read into them ahead.
+        Bytes of the host tier's read-ahead slots; default a quarter of ``host_bytes`` or of
+        ``host_room_bytes`` when larger (at least 64 MiB when there is a host tier).  Rows of
+        announced batches are read into them ahead.
     policy : str, Policy or callable
         Each cache's policy (default ``"lookahead"``); a callable ``capacity -> Policy`` is called per
         tier.
@@ -70,7 +71,8 @@ class TieredStore(FeatureStore):
         else:
             raise TypeError(f"source must be a path or a FeatureStore, not {type(source).__name__}")
         if staging_bytes is None:
-            staging_bytes = max(host_bytes // 4, 64 << 20) if host_bytes else 0
+            room = max(host_bytes, host_room_bytes or 0)  # a cache that may grow gets the slots of its room
+            staging_bytes = max(room // 4, 64 << 20) if room else 0
         chain = [base]
         try:
             if host_bytes or staging_bytes or host_room_bytes:
