@@ -119,16 +119,19 @@ def test_train_with_shared_hot_rows_inside_a_node_budget(tmp_path, capsys):
     assert main(["dataset", "pack", "--name", "synth-tiny", "--root", str(tmp_path), "--fanouts", "4", "4",
                  "--batch-size", "256", "--epochs", "1", "--no-progress"]) == 0
     name = f"test-hot-{os.getpid()}"
-    args = ["train", "--dataset", "synth-tiny", "--root", str(tmp_path), "--features", "tiered", "--packed",
-            "--loader", "directload", "--staging", "50K", "--node-budget", "300K", "--shared-hot", "100K",
-            "--budget-name", name, "--epochs", "2", "--fanouts", "4", "4", "--batch-size", "256",
-            "--eval-nodes", "300", "--no-progress", "--out", str(tmp_path / "out")]
-    assert main(args) == 0
+    common = ["train", "--dataset", "synth-tiny", "--root", str(tmp_path), "--loader", "directload", "--epochs", "2",
+              "--fanouts", "4", "4", "--batch-size", "256", "--eval-nodes", "300", "--no-progress"]
+    assert main([*common, "--features", "tiered", "--packed", "--staging", "50K", "--node-budget", "300K",
+                 "--shared-hot", "100K", "--budget-name", name, "--out", str(tmp_path / "out")]) == 0
+    assert main([*common, "--features", "memory", "--out", str(tmp_path / "plain")]) == 0
     capsys.readouterr()
     run = json.loads(next((tmp_path / "out").glob("*.json")).read_text())["runs"][0]
+    plain = json.loads(next((tmp_path / "plain").glob("*.json")).read_text())["runs"][0]
     assert run["budget"]["limits"]["host_bytes"] == (300 << 10) - (100 << 10)
     tiers = run["epochs"][-1]["tiers"]
     assert list(tiers) == ["hot", "host", "disk"]
     assert tiers["hot"]["capacity_rows"] == (100 << 10) // 128 and tiers["hot"]["hit_rows"] > 0
-    assert run["test_acc"] > 0.3
+    # Two epochs of synth-tiny learn little (about 0.3 against 0.2 by chance, not deterministic across runs):
+    # the accuracy must match that of the table in memory, not a fixed bar.
+    assert abs(run["test_acc"] - plain["test_acc"]) < 0.08
     assert not [e for e in os.listdir("/dev/shm") if name in e]
