@@ -134,6 +134,90 @@ def _pack(args):
     return 0
 
 
+def partition_dir(root, name, parts, features):
+    """Where ``directload dataset partition`` writes (and ``train --dist`` reads) a dataset's partitions. Pure.
+
+    Examples
+    --------
+    >>> str(partition_dir("data", "synth-tiny", 2, "disk"))
+    'data/synth-tiny/partitions-2-disk'
+    """
+    from directload.datasets import dataset_dir
+
+    return dataset_dir(root, name) / f"partitions-{parts}-{features}"
+
+
+def _partition(args):
+    from directload.capabilities import require
+    from directload.datasets import PRESETS, check_name, dataset_exists, load, synthesize
+
+    check_name(args.name)
+    require("dgl")
+    from directload.loaders.dgl.distributed import partition
+
+    if args.name in PRESETS and not dataset_exists(args.root, args.name):
+        synthesize(args.root, args.name, progress=not args.no_progress)
+    dataset = load(args.root, args.name)
+    out = partition_dir(args.root, args.name, args.parts, args.features)
+    config = partition(dataset, args.parts, out, features=args.features, method=args.method,
+                       progress=not args.no_progress)
+    print(f"wrote {args.parts} DistDGL partitions of {args.name} ({args.features} features) to {config}")
+    return 0
+
+
+def _train_dist(args, models, loaders):
+    """``train --dist N``: N DistDGL machines on this host, one server and one trainer each."""
+    from directload.datasets import PRESETS, dataset_exists, synthesize
+
+    if args.framework != "dgl":
+        raise ValueError("--dist trains with DistDGL: it needs --framework dgl (PyG has no distributed engine that "
+                         "runs on PyG 2.8; use --nproc for DDP on one node)")
+    if models != ["sage"]:
+        raise ValueError("--dist trains GraphSAGE (DGL's distributed example): leave --model at sage")
+    for flag, given in (("--nproc", args.nproc != 1), ("--packed", args.packed), ("--node-budget", args.node_budget),
+                        ("--memory-limit", args.memory_limit is not None), ("--gpu-cache", args.gpu_cache)):
+        if given:
+            raise ValueError(f"--dist does not take {flag}")
+    from directload.harness.dist import check_host
+
+    check_host()  # before any work: root, unshare and ip
+    from directload.harness.train import resolve_depth
+    from directload.harness.train_dist import run
+    from directload.loaders.dgl.distributed import read_partitions
+
+    layers, fanouts = resolve_depth(args.layers, args.fanouts)
+    kind = "memory" if args.features == "memory" else "disk"
+    if "dgl" in loaders and kind != "memory":
+        raise ValueError("DGL's own fetch reads the features its servers hold: --loader dgl (or both) needs "
+                         "--features memory")
+    if args.dataset in PRESETS and not dataset_exists(args.root, args.dataset):
+        synthesize(args.root, args.dataset, progress=not args.no_progress)
+    config = partition_dir(args.root, args.dataset, args.dist, kind) / f"{args.dataset}.json"
+    if not config.exists():
+        raise FileNotFoundError(f"{config} does not exist: partition first with `directload dataset partition "
+                                f"--name {args.dataset} --parts {args.dist} --features {kind}`")
+    read_partitions(config)
+    report = {"dataset": args.dataset, "machines": args.dist, "features": args.features, "runs": []}
+    for seed in range(args.seeds):
+        for loader in loaders:
+            trainers = run(config, root=args.root, dataset=args.dataset, epochs=args.epochs, fanouts=fanouts,
+                           batch_size=args.batch_size, hidden=args.hidden, lr=args.lr, seed=seed,
+                           host_bytes=args.host_cache if args.features == "tiered" else 0,
+                           fetch="dgl" if loader == "dgl" else "directload")
+            report["runs"].append({"loader": loader, "seed": seed, "test_acc": trainers[0]["test_acc"],
+                                   "trainers": trainers})
+            last = [t["epochs"][-1] for t in trainers]
+            fetch = " / ".join(f"{e['fetch_ms_median']:.1f}" for e in last)
+            print(f"{loader:>10} seed {seed}: test {trainers[0]['test_acc'] * 100:.2f} %, last epoch "
+                  f"{max(e['seconds'] for e in last):.2f} s, fetch {fetch} ms per batch (median, per machine)")
+    out = Path(args.out or _default_out())
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{report_name('train-dist', args.dataset, models, loaders)}.json"
+    path.write_text(json.dumps(report, indent=1))
+    print(f"wrote {path}")
+    return 0
+
+
 def _convert(args):
     from directload.datasets import convert
 
@@ -401,6 +485,8 @@ def _train(args):
     if args.loader in ("dgl", "pyg") and args.loader != args.framework:
         raise ValueError(f"--loader {args.loader} is {args.loader}'s own loader, but --framework is {args.framework}")
     loaders = [args.framework, "directload"] if args.loader == "both" else [args.loader]
+    if args.dist:
+        return _train_dist(args, models, loaders)
     if args.packed and (args.features == "memory" or args.loader not in ("directload", "both")):
         raise ValueError("--packed reads the packed disk store with directload's loader: it needs --features disk "
                          "or tiered and --loader directload (or both)")
@@ -442,7 +528,7 @@ def build_parser():
     p.set_defaults(func=_info)
 
     ds = command(sub, "dataset", "generate a synthetic dataset or convert an OGB one")
-    ds_sub = ds.add_subparsers(dest="action", required=True, metavar="{synth,convert,pack}")
+    ds_sub = ds.add_subparsers(dest="action", required=True, metavar="{synth,convert,pack,partition}")
     p = command(ds_sub, "synth", "generate a synthetic node-classification dataset in OGB's on-disk layout")
     p.add_argument("--root", default="data", help="directory to write the dataset into")
     p.add_argument("--name", default="synth-small",
@@ -488,6 +574,19 @@ def build_parser():
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_pack)
 
+    p = command(ds_sub, "partition", "write a dataset's DistDGL partitions (dgl.distributed.partition_graph) for "
+                                     "train --dist, with a directload disk store per partition for out-of-core "
+                                     "features")
+    p.add_argument("--root", default="data", help="directory that holds the dataset")
+    p.add_argument("--name", default="synth-small", help="the dataset (a synthetic preset is generated when missing)")
+    p.add_argument("--parts", type=_positive_int, required=True, help="partitions: one per machine")
+    p.add_argument("--features", choices=["memory", "disk"], default="memory",
+                   help="memory: in DGL's partitions, held by its servers; disk: a directload disk store per "
+                        "partition, read by that machine's servers and trainers, never all in memory")
+    p.add_argument("--method", choices=["metis", "random"], default="metis", help="DGL's partitioning method")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=_partition)
+
     st = command(sub, "store", "check a disk store")
     st_sub = st.add_subparsers(dest="action", required=True, metavar="{verify}")
     p = command(st_sub, "verify", "check every chunk of a disk store against its sidecar's checksums (exit 1 if "
@@ -514,6 +613,12 @@ def build_parser():
     p.add_argument("--loader", choices=["dgl", "pyg", "directload", "both"], default="both",
                    help="the framework's own loader, directload's, or both interleaved and compared")
     p.add_argument("--seeds", type=_positive_int, default=1, help="runs per (model, loader), seeds 0..N-1")
+    p.add_argument("--dist", type=_positive_int, default=0, metavar="N",
+                   help="train with DistDGL on N machines emulated on this host (root: each machine in its own "
+                        "network namespace with its own /dev/shm), one server and one trainer each, on the "
+                        "partitions of `directload dataset partition --parts N`; --features memory reads the "
+                        "servers' rows (--loader dgl: DGL's own fetch), disk or tiered each machine's disk store "
+                        "(tiered: through a --host-cache)")
     add_train_arguments(p)
     p.set_defaults(func=_train)
     return parser

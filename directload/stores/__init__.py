@@ -22,6 +22,7 @@ from .disk_format import read_layout, verify
 from .disk_write import write_disk_store
 from .hot import HotRowsStore
 from .packing import access_counts, hot_order, renumber
+from .partitioned import PartitionedStore
 from .records import CacheStats, Staged, Stats, TieredStats
 from .tensor import TensorStore
 from .tiered import TieredStore
@@ -30,4 +31,4 @@ __all__ = ["FeatureStore", "ReadFuture", "TensorStore", "DiskStore", "DirectIOWa
            "write_disk_store", "verify", "read_layout", "read_devices", "check_table", "io_path",
            "Cache", "HostCache", "DeviceCache", "TieredStore", "make_policy", "POLICY_NAMES",
            "Staged", "Stats", "CacheStats", "TieredStats",
-           "access_counts", "hot_order", "renumber", "join_budget", "HotRowsStore"]
+           "access_counts", "hot_order", "renumber", "join_budget", "HotRowsStore", "PartitionedStore"]

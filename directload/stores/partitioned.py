@@ -1,0 +1,189 @@
+"""``PartitionedStore``: a table split across machines (or ranks) by contiguous ranges of row ids.
+
+This process owns one range and reads it from its own store (memory, disk or tiers); every other row comes
+from ``remote``, a :class:`FeatureStore` over the whole table that fetches rows from their owners (DGL's
+KVStore or RPC in a DistDGL job, an all-to-all over ``torch.distributed`` in a PyG one).  Ranges are what
+DGL's partitioner gives (``RangePartitionBook``: ids reshuffled so that each partition's are contiguous)
+and what :func:`directload.stores.exchange.partition_bounds` makes for PyG.
+"""
+
+import threading
+
+import numpy as np
+import torch
+
+from .base import FeatureStore, ReadFuture
+from .records import Stats, TieredStats
+
+__all__ = ["PartitionedStore", "check_bounds"]
+
+
+def check_bounds(bounds, num_rows=None):
+    """``bounds`` (``[0, end_0, end_1, ..., num_rows]``) as an int64 numpy array, or a one-line typed error.
+
+    Examples
+    --------
+    >>> check_bounds([0, 3, 10]).tolist()
+    [0, 3, 10]
+    >>> check_bounds([0, 5, 4])
+    Traceback (most recent call last):
+    ...
+    ValueError: partition bounds must start at 0 and never decrease, got [0, 5, 4]
+    """
+    b = np.asarray(bounds.cpu() if isinstance(bounds, torch.Tensor) else bounds)
+    if b.ndim != 1 or b.size < 2 or (b.size and b.dtype.kind not in "iu"):
+        raise TypeError(f"partition bounds must be a 1-D sequence of at least 2 integers, got {b.tolist()!r}")
+    b = b.astype(np.int64)
+    if b[0] != 0 or np.any(np.diff(b) < 0):
+        raise ValueError(f"partition bounds must start at 0 and never decrease, got {b.tolist()}")
+    if num_rows is not None and b[-1] != num_rows:
+        raise ValueError(f"partition bounds end at {int(b[-1])}, but the table has {num_rows} rows")
+    return b
+
+
+class PartitionedStore(FeatureStore):
+    """Rows ``bounds[part]:bounds[part + 1]`` from ``local``, every other row from ``remote``.
+
+    Parameters
+    ----------
+    local : FeatureStore
+        This partition's rows, ``bounds[part + 1] - bounds[part]`` of them, in id order.
+    remote : FeatureStore
+        The whole table, as seen from here: it is only asked for rows of other partitions.  It is asked on
+        every read, with no ids when a batch is all local, because a collective exchange needs every rank
+        at every step.
+    bounds : sequence of int
+        ``[0, end_0, ..., num_rows]``: partition ``p`` owns ids ``bounds[p]:bounds[p + 1]``.
+    part : int
+        This process's partition.
+    own : bool
+        Close ``local`` and ``remote`` with this store.
+
+    Examples
+    --------
+    >>> from directload.stores import TensorStore
+    >>> table = torch.arange(20.0).view(10, 2)
+    >>> store = PartitionedStore(TensorStore(table[4:7].clone()), TensorStore(table), [0, 4, 7, 10], part=1)
+    >>> torch.equal(store.read([5, 0, 9, 4]), table[[5, 0, 9, 4]])
+    True
+    >>> s = store.stats()["partitioned"]; s["local_rows"], s["remote_rows"]
+    (2, 2)
+    """
+
+    tier = "partitioned"
+
+    def __init__(self, local, remote, bounds, *, part, own=False):
+        super().__init__()
+        for what, store in (("local", local), ("remote", remote)):
+            if not isinstance(store, FeatureStore):
+                raise TypeError(f"{what} must be a directload FeatureStore, not {type(store).__name__}")
+            store._check_open()
+        bounds = check_bounds(bounds, remote.num_rows)
+        if isinstance(part, bool) or not isinstance(part, (int, np.integer)) or not 0 <= part < bounds.size - 1:
+            raise ValueError(f"part must be a partition in [0, {bounds.size - 1}), got {part!r}")
+        part = int(part)
+        start, end = int(bounds[part]), int(bounds[part + 1])
+        if local.num_rows != end - start:
+            raise ValueError(f"partition {part} owns {end - start} rows ({start}:{end}), but the local store has "
+                             f"{local.num_rows}")
+        if tuple(local.row_shape) != tuple(remote.row_shape) or local.dtype != remote.dtype:
+            raise ValueError(f"the local store's rows ({local.dtype} {tuple(local.row_shape)}) differ from the "
+                             f"remote ones ({remote.dtype} {tuple(remote.row_shape)})")
+        self.local, self.remote, self._own = local, remote, own
+        self.bounds, self.part, self._start, self._end = bounds, part, start, end
+        self._lock = threading.Lock()
+        self._stats = {"rows": 0, "local_rows": 0, "remote_rows": 0, "remote_bytes": 0}
+
+    @property
+    def num_rows(self):
+        return self.remote.num_rows
+
+    @property
+    def row_shape(self):
+        return self.remote.row_shape
+
+    @property
+    def dtype(self):
+        return self.remote.dtype
+
+    @property
+    def memory(self):
+        return self.local.memory
+
+    @property
+    def num_parts(self):
+        return int(self.bounds.size - 1)
+
+    def owners(self, ids):
+        """The partition that owns each id (an int64 numpy array)."""
+        ids = np.asarray(ids.cpu() if isinstance(ids, torch.Tensor) else ids, dtype=np.int64)
+        return np.searchsorted(self.bounds, ids, side="right") - 1
+
+    def _own_memory(self):
+        return self.local._own_memory()
+
+    def _split(self, index):
+        ids = index.cpu().numpy().astype(np.int64, copy=False)
+        mine = (ids >= self._start) & (ids < self._end)
+        return ids, np.flatnonzero(mine), np.flatnonzero(~mine)
+
+    def _read_async(self, index, out, run_device, out_device):
+        ids, local_at, remote_at = self._split(index)
+        with self._lock:
+            self._stats["rows"] += ids.size
+            self._stats["local_rows"] += local_at.size
+            self._stats["remote_rows"] += remote_at.size
+            self._stats["remote_bytes"] += remote_at.size * self.row_nbytes
+        # the remote read first: a collective exchange starts on its own thread while the local rows are read
+        far = self.remote.read_async(torch.from_numpy(ids[remote_at]), device=out_device)
+        near = self.local.read_async(torch.from_numpy(ids[local_at] - self._start), device=out_device)
+        result = out if out is not None else torch.empty((ids.size, *self.row_shape), dtype=self.dtype,
+                                                         device=out_device)
+
+        def finish():
+            # wait for both before raising either: a failed local read must not leave the exchange unwaited
+            got, error = [], None
+            for future in (near, far):
+                try:
+                    got.append(future.wait())
+                except Exception as exc:  # noqa: BLE001 - raised below, the first one
+                    error = error or exc
+            if error is not None:
+                raise error
+            result[torch.from_numpy(local_at).to(out_device)] = got[0]
+            result[torch.from_numpy(remote_at).to(out_device)] = got[1]
+            return result
+
+        return ReadFuture(run=finish)
+
+    def _prefetch(self, index):
+        ids, local_at, _ = self._split(index)
+        if local_at.size:
+            self.local.prefetch(torch.from_numpy(ids[local_at] - self._start))
+
+    def stats(self):
+        """This store's record (``"partitioned"``: rows asked, ``local_rows``, ``remote_rows``, ``remote_bytes``)
+        before the local store's tiers, then the remote's (those whose names the local tiers do not use already)."""
+        with self._lock:
+            mine = Stats(self.tier, {**self._stats, "part": self.part,
+                                     "local_rate": self._stats["local_rows"] / max(self._stats["rows"], 1)})
+        near = self.local.stats().tiers
+        names = {t.tier for t in near} | {self.tier}
+        return TieredStats([mine, *near, *(t for t in self.remote.stats().tiers if t.tier not in names)])
+
+    def _reset_counters(self):
+        with self._lock:
+            for key in self._stats:
+                self._stats[key] = 0
+        self.local.reset_stats()
+        self.remote.reset_stats()
+
+    def _close(self):
+        if self._own:
+            self.local.close()
+            self.remote.close()
+
+    def __repr__(self):
+        state = ", closed" if self._closed else ""
+        return (f"PartitionedStore(part {self.part} of {self.num_parts}, rows {self._start}:{self._end} "
+                f"-> {self.local!r}, the rest -> {self.remote!r}{state})")

@@ -1,0 +1,384 @@
+"""directload under DistDGL: partitions with a disk store per part, and the feature source of a ``DistGraph``.
+
+DistDGL's ``DistNodeDataLoader`` only samples: the training loop fetches the features of each batch's input
+nodes (``g.ndata["feat"][input_nodes]``).  :func:`dist_features` is that fetch through directload: the rows
+of this machine's partition from a directload store (the server's shared memory, or a disk store or tiers
+when the partition does not fit in memory), every other row through DGL, by its KVStore (:class:`KVStoreRows`,
+DGL's C++ fast path) or, when the partitions' features live on disk, by one DGL RPC service that reads the
+owner's store (:class:`ServedRows`).  Partitions come from :func:`partition`: DGL's own
+(``dgl.distributed.partition_graph``) plus, for out-of-core features, a directload disk store per partition.
+"""
+
+import json
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from directload.capabilities import require
+from directload.kernels.devices import HOST
+from directload.stores import DiskStore, FeatureStore, PartitionedStore, ReadFuture, TensorStore, write_disk_store
+from directload.stores.records import Stats
+
+dgl = require("dgl")
+
+from dgl.distributed import rpc  # noqa: E402
+
+from ..pipeline import BatchAdapter, Epoch, Pipeline  # noqa: E402
+
+__all__ = ["partition", "read_partitions", "store_path", "dist_features", "dist_epoch", "DistBatches", "KVStoreRows",
+           "ServedRows", "serve_features", "register_service", "check_service", "SERVICE_ID", "ServiceIdError",
+           "RemoteReadError", "META"]
+
+#: directload's one DGL RPC service: the rows of a partition's disk store.  DGL's own ids are 6657-6662,
+#: 22451-22454, 700001-700002, 800001-800002 and 901231-901241 (v2.1), in one flat space with no collision
+#: check, so :func:`register_service` checks this one.
+SERVICE_ID = 17484
+#: What :func:`partition` writes beside DGL's partition config.
+META = "directload-partitions.json"
+
+
+class ServiceIdError(RuntimeError):
+    """directload's RPC service id is taken by another service in DGL's registry."""
+
+
+class RemoteReadError(RuntimeError):
+    """A remote machine did not answer a read of its rows (dead, or past the timeout)."""
+
+
+# --------------------------------------------------------------------------- partitioning
+def partition(dataset, parts, out, *, features="memory", method="metis", progress=True):
+    """Write ``dataset`` as ``parts`` DistDGL partitions under ``out``; returns the partition config's path.
+
+    DGL partitions the graph (``dgl.distributed.partition_graph``, METIS by default, one hop of halo) with
+    the labels and the train/valid/test masks.  With ``features="memory"`` the features go into DGL's
+    partitions as usual (the servers hold them in RAM).  With ``features="disk"`` they do not: each
+    partition's rows, in DGL's reshuffled order, are written as a directload disk store
+    (``part{i}/feat.npy``), which the servers and trainers of that machine read, so no machine needs its
+    partition's features in memory.  ``directload-partitions.json`` beside the config records which.
+
+    Parameters
+    ----------
+    dataset : directload.datasets.Dataset
+    parts : int
+        Partitions (machines), at least 1.
+    out : str or os.PathLike
+        A directory; an existing partition of the same name is replaced (DGL writes in place).
+    features : {"memory", "disk"}
+    method : {"metis", "random"}
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from directload.datasets import load, synthesize
+    >>> tmp = tempfile.mkdtemp()
+    >>> ds = load(tmp, "synth-tiny") if synthesize(tmp, "synth-tiny", progress=False) else None
+    >>> cfg = partition(ds, 2, tmp + "/parts", features="disk", progress=False)
+    >>> meta = read_partitions(cfg); meta["parts"], meta["features"], meta["bounds"][-1]
+    (2, 'disk', 3000)
+    """
+    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
+        raise ValueError(f"parts must be a positive integer, got {parts!r}")
+    if features not in ("memory", "disk"):
+        raise ValueError(f"features must be 'memory' or 'disk', not {features!r}")
+    if method not in ("metis", "random"):
+        raise ValueError(f"method must be 'metis' or 'random', not {method!r}")
+    if parts > dataset.num_nodes:
+        raise ValueError(f"{parts} partitions of {dataset.num_nodes} nodes: at most one partition per node")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    g = dgl.graph((dataset.edge_index[0], dataset.edge_index[1]), num_nodes=dataset.num_nodes)
+    g.ndata["label"] = dataset.labels
+    for name, ids in dataset.split.items():
+        mask = torch.zeros(dataset.num_nodes, dtype=torch.bool)
+        mask[ids] = True
+        g.ndata[f"{name}_mask"] = mask
+    feat = getattr(dataset.feat, "host", dataset.feat)
+    if features == "memory":
+        g.ndata["feat"] = feat
+    orig_nids, _ = dgl.distributed.partition_graph(g, dataset.name, parts, str(out), part_method=method,
+                                                   return_mapping=True, num_hops=1)
+    orig_nids = orig_nids.numpy()
+    config = out / f"{dataset.name}.json"
+    bounds = _bounds(json.loads(config.read_text()), dataset.name)
+    if features == "disk":
+        for p in range(parts):
+            rows = feat[torch.from_numpy(orig_nids[bounds[p]:bounds[p + 1]])]
+            write_disk_store(rows.numpy(), out / f"part{p}" / "feat.npy", overwrite=True, progress=progress)
+    np.save(out / "orig_nids.npy", orig_nids)
+    meta = {"graph": dataset.name, "parts": parts, "features": features, "bounds": bounds,
+            "num_feats": int(feat.shape[1]), "num_classes": int(dataset.num_classes), "config": config.name}
+    (out / META).write_text(json.dumps(meta, indent=1))
+    return config
+
+
+def _bounds(config, name):
+    ranges = config["node_map"]["_N"]
+    return [0] + [int(end) for _, end in ranges]
+
+
+def read_partitions(config):
+    """What :func:`partition` recorded beside the partition config ``config``: a dict with ``parts``,
+    ``features``, ``bounds`` (partition ``p`` owns reshuffled ids ``bounds[p]:bounds[p + 1]``), ``graph``,
+    ``num_feats``, ``num_classes``; a one-line ``FileNotFoundError`` for a partition directload did not
+    write."""
+    path = Path(config).parent / META
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: partition with `directload dataset partition`, not DGL alone")
+    return json.loads(path.read_text())
+
+
+def store_path(config, part):
+    """The disk store of partition ``part`` of the partitions at ``config``."""
+    return Path(config).parent / f"part{part}" / "feat.npy"
+
+
+# --------------------------------------------------------------------------- remote rows
+class _RemoteRows(FeatureStore):
+    """The whole table as a trainer sees it, read only for other machines' rows, on the caller's thread at
+    ``wait()`` (DGL's RPC client is not thread-safe, and the sampler uses it on the training thread)."""
+
+    def __init__(self, num_rows, row_shape, dtype):
+        super().__init__()
+        self._num_rows, self._row_shape, self._dtype = int(num_rows), tuple(row_shape), dtype
+        self._lock = threading.Lock()
+        self._stats = {"reads": 0, "rows": 0, "bytes": 0, "seconds": 0.0}
+
+    @property
+    def num_rows(self):
+        return self._num_rows
+
+    @property
+    def row_shape(self):
+        return self._row_shape
+
+    @property
+    def dtype(self):
+        return self._dtype
+
+    @property
+    def memory(self):
+        return HOST
+
+    def _own_memory(self):
+        return ()
+
+    def _fetch(self, ids):
+        raise NotImplementedError
+
+    def _read_async(self, index, out, run_device, out_device):
+        ids = index.cpu().to(torch.int64)
+
+        def run():
+            import time
+            t0 = time.perf_counter()
+            rows = self._fetch(ids) if len(ids) else torch.empty((0, *self._row_shape), dtype=self._dtype)
+            with self._lock:
+                self._stats["reads"] += 1
+                self._stats["rows"] += len(ids)
+                self._stats["bytes"] += len(ids) * self.row_nbytes
+                self._stats["seconds"] += time.perf_counter() - t0
+            if out is not None:
+                out.copy_(rows)
+                return out
+            return rows.to(out_device)
+
+        return ReadFuture(run=run)
+
+    def stats(self):
+        with self._lock:
+            return Stats(self.tier, dict(self._stats))
+
+    def _reset_counters(self):
+        with self._lock:
+            self._stats = {key: 0 if key != "seconds" else 0.0 for key in self._stats}
+
+
+class KVStoreRows(_RemoteRows):
+    """Rows of a ``DistTensor`` (``g.ndata[name]``) through DGL's KVStore: the C++ ``fast_pull``, which asks
+    each owning machine's server for its rows."""
+
+    tier = "kvstore"
+
+    def __init__(self, dist_tensor):
+        super().__init__(dist_tensor.shape[0], dist_tensor.shape[1:], dist_tensor.dtype)
+        self._tensor = dist_tensor
+
+    def _fetch(self, ids):
+        return self._tensor[ids]
+
+
+# The RPC service.  A server process calls serve_features(path) before dgl.distributed.initialize; the
+# request then runs in that server and reads its machine's store.
+_served = {}
+
+
+class _RowsRequest(rpc.Request):
+    def __init__(self, ids=None, part=0):
+        self.ids, self.part = ids, part
+
+    def __getstate__(self):
+        return self.ids, self.part
+
+    def __setstate__(self, state):
+        self.ids, self.part = state
+
+    def process_request(self, server_state):
+        store = _served.get(self.part)
+        if store is None:  # answered, not raised: a raise here kills DGL's server loop
+            return _RowsResponse(None, f"this server does not serve partition {self.part}")
+        try:
+            return _RowsResponse(store.read(self.ids), None)
+        except Exception as exc:  # noqa: BLE001 - sent back to the trainer that asked, as one line
+            return _RowsResponse(None, f"{type(exc).__name__}: {exc}")
+
+
+class _RowsResponse(rpc.Response):
+    def __init__(self, rows=None, error=None):
+        self.rows, self.error = rows, error
+
+    def __getstate__(self):
+        return self.rows, self.error
+
+    def __setstate__(self, state):
+        self.rows, self.error = state
+
+
+def register_service():
+    """Register directload's RPC service with DGL, in servers and trainers alike, before
+    ``dgl.distributed.initialize``.  ``ServiceIdError`` when :data:`SERVICE_ID` is another service's."""
+    taken = rpc.SERVICE_ID_TO_PROPERTY.get(SERVICE_ID)
+    if taken is not None and taken != (_RowsRequest, _RowsResponse):
+        raise ServiceIdError(f"DGL RPC service id {SERVICE_ID} is taken by {taken[0].__name__}: directload's "
+                             "feature service cannot share it")
+    rpc.register_service(SERVICE_ID, _RowsRequest, _RowsResponse)
+
+
+def check_service():
+    """After ``dgl.distributed.initialize``: ``ServiceIdError`` if DGL registered one of its own services over
+    directload's id meanwhile (its KVStore registers some only then)."""
+    if rpc.SERVICE_ID_TO_PROPERTY.get(SERVICE_ID) != (_RowsRequest, _RowsResponse):
+        raise ServiceIdError(f"DGL RPC service id {SERVICE_ID} was taken over by "
+                             f"{rpc.SERVICE_ID_TO_PROPERTY.get(SERVICE_ID, (None,))[0]!r} during initialize")
+
+
+def serve_features(config, part, **store_kw):
+    """In a server process: register the service and open partition ``part``'s disk store for it."""
+    register_service()
+    _served[int(part)] = DiskStore(store_path(config, part), **store_kw)
+    return _served[int(part)]
+
+
+class ServedRows(_RemoteRows):
+    """Rows of other machines' disk stores, each read by its owner's server through directload's RPC service,
+    one request per owning machine, sent together.  ``timeout`` (seconds) bounds the wait:
+    :class:`RemoteReadError` names the machine that did not answer."""
+
+    tier = "rpc"
+
+    def __init__(self, bounds, row_shape, dtype, *, timeout=120.0):
+        super().__init__(bounds[-1], row_shape, dtype)
+        self._bounds = np.asarray(bounds, dtype=np.int64)
+        self._timeout_ms = int(timeout * 1000)
+
+    def _fetch(self, ids):
+        np_ids = ids.numpy()
+        owner = np.searchsorted(self._bounds, np_ids, side="right") - 1
+        order = np.argsort(owner, kind="stable")
+        machines, starts = np.unique(owner[order], return_index=True)
+        groups = np.split(order, starts[1:])
+        requests = [(int(m), _RowsRequest(torch.from_numpy(np_ids[at] - self._bounds[m]), int(m)))
+                    for m, at in zip(machines, groups)]
+        try:
+            answers = rpc.remote_call_to_machine(requests, self._timeout_ms)
+        except Exception as exc:
+            raise RemoteReadError(f"machines {machines.tolist()} did not answer a read of {len(np_ids)} rows "
+                                  f"({type(exc).__name__}: {exc})") from exc
+        rows = torch.empty((len(np_ids), *self._row_shape), dtype=self._dtype)
+        for m, at, answer in zip(machines, groups, answers):
+            if answer is None or answer.error is not None:
+                why = "no answer" if answer is None else answer.error
+                raise RemoteReadError(f"machine {int(m)} could not read its rows: {why}")
+            rows[torch.from_numpy(at)] = answer.rows
+        return rows
+
+
+# --------------------------------------------------------------------------- the trainer's feature source
+def dist_features(g, config, *, name="feat", local=None, timeout=120.0):
+    """The features of the ``DistGraph`` ``g`` as one directload store: this machine's rows from ``local``,
+    the others through DGL.
+
+    Reads take the ids DistDGL's sampler gives (``input_nodes``, DGL's reshuffled ids).  With partitions
+    whose features are in memory (``features="memory"`` in :func:`partition`), ``local`` defaults to the
+    machine's partition as the server holds it in shared memory (``DistTensor.local_partition``, no copy) and
+    other machines' rows come through DGL's KVStore.  With features on disk, ``local`` defaults to this
+    machine's disk store, and other machines' rows come from their servers through directload's RPC service
+    (:func:`register_service` before ``initialize``).  Pass any directload store over this machine's rows as
+    ``local`` (a ``TieredStore`` over the disk store, a unified tensor's ``TensorStore``).
+
+    Returns
+    -------
+    directload.stores.PartitionedStore
+    """
+    meta = read_partitions(config)
+    gpb = g.get_partition_book()
+    part = int(gpb.partid)
+    bounds = meta["bounds"]
+    if meta["features"] == "memory":
+        tensor = g.ndata[name]
+        local = local if local is not None else TensorStore(tensor.local_partition[:bounds[part + 1] - bounds[part]])
+        remote = KVStoreRows(tensor)
+    else:
+        check_service()
+        local = local if local is not None else DiskStore(store_path(config, part))
+        remote = ServedRows(bounds, local.row_shape, local.dtype, timeout=timeout)
+    return PartitionedStore(local, remote, bounds, part=part, own=True)
+
+
+class DistBatches(BatchAdapter):
+    """DistDGL's batches (``input_nodes, seeds, blocks``) with their features read by ``store``: each batch's
+    read starts as soon as it is sampled (``lookahead`` batches ahead), so this machine's rows come off its
+    disk or tiers while earlier batches train; other machines' rows are read on the training thread when
+    the batch is due (DGL's RPC client is not thread-safe).  Batches come out as ``(input_nodes, seeds,
+    blocks, x)``.  ``fetch_ms`` lists, per batch, the milliseconds the training thread spent starting and
+    waiting for its features."""
+
+    def __init__(self, store):
+        self._store = store
+        self._reads = deque()
+        self.fetch_ms = []
+
+    def ids(self, batch):
+        return batch[0]
+
+    def announce(self, batch):
+        t0 = time.perf_counter()
+        self._reads.append((self._store.read_async(batch[0]), time.perf_counter() - t0))
+
+    def start(self, batch):
+        return batch, *self._reads.popleft()
+
+    def finish(self, started):
+        (input_nodes, seeds, blocks), future, spent = started
+        t0 = time.perf_counter()
+        x = future.wait()
+        self.fetch_ms.append((spent + time.perf_counter() - t0) * 1e3)
+        return input_nodes, seeds, blocks, x
+
+    def stores(self):
+        return (self._store,) if isinstance(self._store, FeatureStore) else ()
+
+
+def dist_epoch(loader, store, *, lookahead=4):
+    """One epoch of a ``DistNodeDataLoader`` through directload's pipeline: ``(epoch, adapter)``, where
+    iterating ``epoch`` gives ``(input_nodes, seeds, blocks, x)`` with ``x`` read by ``store`` (see
+    :class:`DistBatches`), sampled ``lookahead`` batches ahead on the caller's thread.
+
+    DistDGL has no feature prefetch of its own: its loader only samples, and the training loop fetches.
+    """
+    adapter = DistBatches(store)
+    return Epoch(Pipeline(iter(loader), adapter, device="cpu", lookahead=lookahead, sample_in_thread=False,
+                          overlap=False)), adapter
