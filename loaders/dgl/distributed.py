@@ -9,7 +9,10 @@ owner's store (:class:`ServedRows`).  Partitions come from :func:`partition`: DG
 (``dgl.distributed.partition_graph``) plus, for out-of-core features, a directload disk store per partition.
 """
 
+import contextlib
+import io
 import json
+import sys
 import threading
 import time
 from collections import deque
@@ -42,11 +45,23 @@ META = "directload-partitions.json"
 
 
 class ServiceIdError(RuntimeError):
-    """directload's RPC service id is taken by another service in DGL's registry."""
+    """directload's RPC service id is taken by another service in DGL's registry.
+
+    Examples
+    --------
+    >>> issubclass(ServiceIdError, RuntimeError)
+    True
+    """
 
 
 class RemoteReadError(RuntimeError):
-    """A remote machine did not answer a read of its rows (dead, or past the timeout)."""
+    """A remote machine did not answer a read of its rows (dead, or past the timeout).
+
+    Examples
+    --------
+    >>> issubclass(RemoteReadError, RuntimeError)
+    True
+    """
 
 
 # --------------------------------------------------------------------------- partitioning
@@ -99,8 +114,9 @@ def partition(dataset, parts, out, *, features="memory", method="metis", progres
     feat = getattr(dataset.feat, "host", dataset.feat)
     if features == "memory":
         g.ndata["feat"] = feat
-    orig_nids, _ = dgl.distributed.partition_graph(g, dataset.name, parts, str(out), part_method=method,
-                                                   return_mapping=True, num_hops=1)
+    with contextlib.redirect_stdout(sys.stdout if progress else io.StringIO()):  # DGL reports on stdout
+        orig_nids, _ = dgl.distributed.partition_graph(g, dataset.name, parts, str(out), part_method=method,
+                                                       return_mapping=True, num_hops=1)
     orig_nids = orig_nids.numpy()
     config = out / f"{dataset.name}.json"
     bounds = _bounds(json.loads(config.read_text()), dataset.name)
@@ -199,7 +215,14 @@ class _RemoteRows(FeatureStore):
 
 class KVStoreRows(_RemoteRows):
     """Rows of a ``DistTensor`` (``g.ndata[name]``) through DGL's KVStore: the C++ ``fast_pull``, which asks
-    each owning machine's server for its rows."""
+    each owning machine's server for its rows.  Anything indexed as a ``DistTensor`` is (``t[ids]``, ``shape``,
+    ``dtype``) will do.
+
+    Examples
+    --------
+    >>> KVStoreRows(torch.arange(6.0).view(3, 2)).read([2, 0]).tolist()
+    [[4.0, 5.0], [0.0, 1.0]]
+    """
 
     tier = "kvstore"
 
@@ -275,7 +298,14 @@ def serve_features(config, part, **store_kw):
 class ServedRows(_RemoteRows):
     """Rows of other machines' disk stores, each read by its owner's server through directload's RPC service,
     one request per owning machine, sent together.  ``timeout`` (seconds) bounds the wait:
-    :class:`RemoteReadError` names the machine that did not answer."""
+    :class:`RemoteReadError` names the machine that did not answer.
+
+    Examples
+    --------
+    >>> rows = ServedRows([0, 5, 10], (4,), torch.float32)  # two machines of 5 rows each
+    >>> rows.shape, tuple(rows.read([]).shape)  # a read with no ids asks no machine
+    ((10, 4), (0, 4))
+    """
 
     tier = "rpc"
 
@@ -344,7 +374,15 @@ class DistBatches(BatchAdapter):
     disk or tiers while earlier batches train; other machines' rows are read on the training thread when
     the batch is due (DGL's RPC client is not thread-safe).  Batches come out as ``(input_nodes, seeds,
     blocks, x)``.  ``fetch_ms`` lists, per batch, the milliseconds the training thread spent starting and
-    waiting for its features."""
+    waiting for its features.
+
+    Examples
+    --------
+    >>> table = TensorStore(torch.arange(8.0).view(4, 2))
+    >>> epoch, adapter = dist_epoch([(torch.tensor([3, 0]), "seeds", "blocks")], table, lookahead=2)
+    >>> [(seeds, x.tolist()) for _, seeds, _, x in epoch], len(adapter.fetch_ms)
+    ([('seeds', [[6.0, 7.0], [0.0, 1.0]])], 1)
+    """
 
     def __init__(self, store):
         self._store = store
