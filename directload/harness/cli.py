@@ -25,7 +25,8 @@ DESCRIPTION = ("directload: zero-copy GPU feature loading for mini-batch GNN tra
 BENCH_SCRIPTS = {"gather": "gather_bandwidth.py", "alignment": "alignment_sweep.py", "unified": "unified_gather.py",
                  "loader": "loader_e2e.py", "gpu": "gpu_suite.py", "disk": "disk_read.py",
                  "cache": "cache_policies.py", "ooc": "out_of_core.py", "pack": "hot_packing.py",
-                 "pyg": "pyg_idioms.py", "versus": "versus.py", "share": "node_share.py"}
+                 "pyg": "pyg_idioms.py", "versus": "versus.py", "share": "node_share.py",
+                 "dist": "distdgl.py"}
 _SOURCE_TREE = Path(__file__).resolve().parents[2]  # the checkout: directload/harness/cli.py
 
 

@@ -78,6 +78,10 @@ def launch_machines(n, command, *, workdir, timeout=900.0, env=None):
     others, or :class:`DistLaunchError` when the host cannot do it."""
     check_host()
     _sweep_bridges()
+    # the machines share this host's cores: each gets its part, as it would have its own on a real machine
+    # (OpenMP teams of every core in every machine's processes spin against each other)
+    env = dict(os.environ if env is None else env)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // (2 * n))))
     bridge = f"dlb{os.getpid()}"
     _run(["ip", "link", "add", bridge, "type", "bridge"], "making the machines' bridge")
     procs = []

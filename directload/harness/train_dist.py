@@ -113,9 +113,12 @@ def trainer_main(s, machine):
         loader = dgl.dataloading.DistNodeDataLoader(g, train_ids, sampler, batch_size=s["batch_size"], shuffle=True)
         epochs.append(_epoch(s, model, opt, loader, store, g, orig))
     acc = _evaluate(s, model, g, test_ids, store, sampler)
-    stats = store.stats()["partitioned"]
+    tiers = store.stats()
+    stats, remote = tiers["partitioned"], tiers.tiers[-1]
     result = {"machine": machine, "part": int(pb.partid), "train_nodes": len(train_ids), "test_acc": acc,
               "epochs": epochs, "local_rows": stats["local_rows"], "remote_rows": stats["remote_rows"],
+              "remote_s": remote.get("seconds", 0.0), "remote_reads": remote.get("reads", 0),
+              "threads": torch.get_num_threads(),
               "features": meta["features"], "verified": bool(orig)}
     (Path(s["run_dir"]) / f"trainer{machine}.json").write_text(json.dumps(result))
     store.close()
