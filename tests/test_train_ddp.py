@@ -152,3 +152,32 @@ def _alive(pid):
         return "zombie" not in Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return False
+
+
+@pytest.mark.parametrize("features", ["tiered"])  # memory: tests/loaders/pyg_loader/test_partitioned_pyg.py
+def test_partitioned_features_train_as_the_whole_table_does(root, tmp_path, features):
+    """Each rank holds half the rows (in memory, or on disk behind a host cache) and fetches the rest from the
+    other by all-to-all: the same batches read the same rows, so the accuracy is that of the whole table."""
+    accs = {}
+    for split in (False, True):
+        out = tmp_path / str(split)
+        proc = subprocess.run([sys.executable, "-m", "directload", *TRAIN, "--root", str(root), "--out", str(out),
+                               "--nproc", "2", "--loader", "directload", "--features", features, "--host-cache",
+                               "100K", "--seeds", "1", *(["--partition-features"] if split else [])],
+                              capture_output=True, **_TEXT, timeout=300, env=_env())
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        run = _report(out)["runs"][0]
+        accs[split] = run["test_acc"]
+    tiers = run["epochs"][-1]["tiers"]
+    assert tiers["partitioned"]["remote_rows"] > 0 and tiers["partitioned"]["local_rows"] > 0
+    assert tiers["exchange"]["bytes_received"] > 0
+    assert run["config"]["partitioned"] is True
+    assert abs(accs[True] - accs[False]) < 0.08, accs
+
+
+def test_partition_features_needs_directloads_loader(root, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "directload", *TRAIN, "--root", str(root), "--out", str(tmp_path),
+                           "--nproc", "2", "--loader", "both", "--partition-features"], capture_output=True, **_TEXT,
+                          timeout=120, env=_env())
+    assert proc.returncode == 1
+    assert proc.stderr.strip().startswith("directload: error: --partition-features splits the rows among the ranks")

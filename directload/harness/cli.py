@@ -442,7 +442,8 @@ def run_training(args, models, loaders, seeds, name):
                        nproc=size, node_budget=getattr(args, "node_budget", 0),
                        node_io_depth=getattr(args, "node_io_depth", 0),
                        budget_name=getattr(args, "budget_name", "directload"),
-                       shared_hot=getattr(args, "shared_hot", 0))
+                       shared_hot=getattr(args, "shared_hot", 0),
+                       partitioned=getattr(args, "partition_features", False))
     rows = compare(dataset, base, models=models, loaders=loaders, seeds=seeds, progress=not args.no_progress)
     if rank != 0:
         return 0  # rank 0 reports for the job
@@ -488,6 +489,9 @@ def _train(args):
     loaders = [args.framework, "directload"] if args.loader == "both" else [args.loader]
     if args.dist:
         return _train_dist(args, models, loaders)
+    if args.partition_features and (args.loader != "directload" or args.packed or args.node_budget):
+        raise ValueError("--partition-features splits the rows among the ranks of directload's loader: it needs "
+                         "--loader directload, and neither --packed nor --node-budget")
     if args.packed and (args.features == "memory" or args.loader not in ("directload", "both")):
         raise ValueError("--packed reads the packed disk store with directload's loader: it needs --features disk "
                          "or tiered and --loader directload (or both)")
@@ -620,6 +624,10 @@ def build_parser():
                         "partitions of `directload dataset partition --parts N`; --features memory reads the "
                         "servers' rows (--loader dgl: DGL's own fetch), disk or tiered each machine's disk store "
                         "(tiered: through a --host-cache)")
+    p.add_argument("--partition-features", action="store_true",
+                   help="with --nproc N (or under torchrun): each rank holds 1/N of the feature rows (in memory, on "
+                        "disk, or tiered) and fetches the others from their owners by all-to-all over "
+                        "torch.distributed, as ranks on different machines would")
     add_train_arguments(p)
     p.set_defaults(func=_train)
     return parser

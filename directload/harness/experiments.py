@@ -180,6 +180,18 @@ def print_summary(summary, meta):
                   f"{d['bytes_read'] / 1e9:.3f} GB read (amplification {d['read_amplification']:.2f}), "
                   f"{d['iops']:.0f} IOPS, {d['gb_per_s']:.3f} GB/s, {d['cpu_us_per_read']:.2f} CPU us/read")
         for name, t in (r.get("tiers") or {}).items():
+            if name == "partitioned":  # a table split among the ranks: how much came from the others
+                print(f"{r['model']}/{r['loader']} partitioned table per steady epoch: {t['local_rows']:.0f} rows from "
+                      f"this rank's own, {t['remote_rows']:.0f} from the other ranks "
+                      f"({t['remote_bytes'] / 1e6:.1f} MB)")
+                continue
+            if name == "exchange":
+                print(f"{r['model']}/{r['loader']} all-to-all exchange per steady epoch: "
+                      f"{t['bytes_sent'] / 1e6:.1f} MB sent, {t['bytes_received'] / 1e6:.1f} MB received, "
+                      f"{t['duplicates_saved']:.0f} duplicate ids not sent, {t['seconds']:.2f} s exchanging")
+                continue
+            if "hit_rate" not in t:  # a tier that holds rows without caching them (a tensor)
+                continue
             if name == "hot":  # rows held once per node: nothing read, nothing evicted
                 print(f"{r['model']}/{r['loader']} hot rows shared on the node, per steady epoch: "
                       f"{t['capacity_rows']:.0f} rows, hit rate {t['hit_rate']:.3f}")

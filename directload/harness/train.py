@@ -124,6 +124,7 @@ class TrainConfig:
     node_io_depth: int = 0  # ... and disk reads in flight shared by them (0: not budgeted)
     budget_name: str = "directload"  # the node budget's name: jobs with the same name share it
     shared_hot: int = 0  # packed tiered runs: bytes of the hottest rows held once per node in shared memory
+    partitioned: bool = False  # DDP: each rank holds 1/nproc of the rows, the rest fetched by all-to-all
 
     def __post_init__(self):
         if self.model not in ("sage", "gat"):
@@ -153,6 +154,9 @@ class TrainConfig:
         if self.shared_hot and not (self.packed and self.features == "tiered"):
             raise ValueError("shared_hot keeps the packed disk store's hottest rows once per node: it needs "
                              "packed=True and features='tiered'")
+        if self.partitioned and (self.loader != "directload" or self.packed or self.node_budget):
+            raise ValueError("partitioned features are read by directload's loader from each rank's own rows: "
+                             "they need loader='directload', and neither packed nor node_budget")
         if self.shared_hot and self.node_budget and self.shared_hot >= self.node_budget:
             raise ValueError(f"shared_hot ({self.shared_hot}) is taken out of node_budget ({self.node_budget}): "
                              "it must be smaller, leaving the jobs' own caches room")
@@ -231,9 +235,10 @@ def _seed(fw, seed):
 
 _IO_KEYS = ("reads", "bytes_read", "read_amplification", "iops", "gb_per_s", "cpu_us_per_read", "io_seconds",
             "io_depth")
-_TIER_KEYS = ("rows", "hit_rate", "slot_rate", "hit_rows", "staged_rows", "miss_rows", "prefetched_rows",
-              "forwarded_bytes", "fallback_bytes", "passthrough", "read_s", "wait_s", "fallback_s", "policy_s",
-              "pcie_bytes", "warmed_rows", "capacity_rows")
+_TIER_KEYS = ("local_rows", "remote_rows", "remote_bytes", "rows_sent", "bytes_sent", "bytes_received",
+              "duplicates_saved", "seconds", "rows", "hit_rate", "slot_rate", "hit_rows", "staged_rows", "miss_rows",
+              "prefetched_rows", "forwarded_bytes", "fallback_bytes", "passthrough", "read_s", "wait_s", "fallback_s",
+              "policy_s", "pcie_bytes", "warmed_rows", "capacity_rows")
 
 
 def _tier_stats(store):
@@ -343,8 +348,8 @@ def train(dataset, cfg, *, progress=True, evaluate_each_epoch=False):
     finally:
         if share is not None:
             share.leave()  # before the store closes: the others grow into it at their next look
-        if cfg.features == "tiered" and store is not None:
-            store.close()  # the next run starts cold, as this one did
+        if (cfg.features == "tiered" or cfg.partitioned) and store is not None:
+            store.close()  # the next run starts cold, as this one did (a partitioned one with a new exchange)
     return result
 
 
@@ -415,12 +420,12 @@ def _epochs(dataset, cfg, fw, model, opt, loader, store, result, progress, evalu
         stats = EpochStats(epoch, epoch_s, sample_s, gather_s, train_s, wait_s, len(losses), float(np.mean(losses)))
         if cfg.loader == "directload":
             stats.lookahead = it.stats.get("lookahead")  # the L this epoch ran with (lookahead="auto" picks it)
-        if store is not None and cfg.features == "disk":
+        if store is not None and cfg.features == "disk" and not cfg.partitioned:
             io = store.stats()
             stats.io = {key: io[key] for key in _IO_KEYS}
         elif store is not None:
             stats.tiers = _tier_stats(store)
-            stats.io = stats.tiers["disk"]
+            stats.io = stats.tiers.get("disk")  # none for a partitioned table in memory
         if share is not None:
             result.budget["epochs"].append(asdict(share.refresh()))
         if evaluate_each_epoch:

@@ -44,6 +44,11 @@ def feature_store(dataset, cfg):
     """The store directload's loader reads features from for ``cfg``, or None (the table in memory):
     the disk store (``features="disk"``), or a :class:`~directload.stores.TieredStore` over it
     (``features="tiered"``, with ``cfg``'s cache budgets and policy), opened once per run."""
+    if cfg.partitioned:
+        store = getattr(dataset, "_partitioned_store", None)
+        if store is None or store.closed:
+            store = dataset._partitioned_store = partitioned_store(dataset, cfg)
+        return store
     if cfg.features == "memory" or cfg.loader != "directload":
         return None
     disk = disk_store(dataset, packed=cfg.packed)
@@ -69,6 +74,38 @@ def feature_store(dataset, cfg):
                 raise
         dataset._tiered_store = store
     return store
+
+
+def partitioned_store(dataset, cfg):
+    """This rank's share of the features (1/world of the rows, contiguous: ``partition_bounds``) in its own
+    store, in memory (a view of the memory-mapped table: only its pages are ever touched), on disk (a
+    :class:`~directload.stores.DiskStore` over its rows of the dataset's disk store) or through a host cache
+    (``features="tiered"``), with every other row fetched from its owner by all-to-all
+    (:class:`~directload.stores.exchange.RowExchange`).  Every rank must call it, in the same order."""
+    import torch.distributed as dist
+
+    from directload.stores import DiskStore, PartitionedStore, TensorStore, TieredStore, read_layout
+    from directload.stores.exchange import RowExchange, partition_bounds
+
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    bounds = partition_bounds(dataset.num_nodes, world)
+    lo, hi = int(bounds[rank]), int(bounds[rank + 1])
+    if cfg.features == "memory":
+        feat = dataset.feat
+        local = TensorStore((feat.host if getattr(feat, "is_unified", False) else feat)[lo:hi])
+    else:
+        path = disk_store(dataset).path
+        layout = read_layout(path)
+        rows = dict(dtype=layout.dtype, shape=(hi - lo, *layout.shape[1:]),
+                    offset=layout.data_offset + lo * layout.row_nbytes)  # this rank's rows of the file, raw
+        local = DiskStore(path, **rows) if cfg.features == "disk" else \
+            TieredStore(path, host_bytes=cfg.host_cache, staging_bytes=cfg.staging, policy=cfg.policy, **rows)
+    try:
+        remote = RowExchange(local, bounds)
+    except BaseException:
+        local.close()
+        raise
+    return PartitionedStore(local, remote, bounds, part=rank, own=True)
 
 
 def hot_rows_store(dataset, cfg, disk, store):

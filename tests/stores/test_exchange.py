@@ -1,0 +1,214 @@
+"""``RowExchange``: a table split across real gloo ranks (processes on 127.0.0.1) reads exactly ``table[ids]``
+through a ``PartitionedStore``, counts what moved, refuses bad input before any collective, and turns a dead
+or silent peer into a typed error within its timeout, never a hang."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from directload.stores import ClosedError, PartitionedStore, TensorStore
+from directload.stores.exchange import ExchangeError, RowExchange, partition_bounds
+
+RANK = Path(__file__).with_name("exchange_rank.py")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(world, scenario, work):
+    port = _free_port()
+    return [subprocess.Popen([sys.executable, str(RANK), str(r), str(world), str(port), scenario, str(work)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, OMP_NUM_THREADS="1")) for r in range(world)]
+
+
+def _finish(procs, timeout=90):
+    """Every rank's JSON report; a rank still running after ``timeout`` seconds fails the test (and is killed)."""
+    reports = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            assert p.returncode == 0, err[-3000:]
+            reports.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    return reports
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_rank_reads_exactly_the_table_rows_and_counts_them(world, tmp_path):
+    reports = _finish(_start(world, "reads", tmp_path))
+    for rank, report in enumerate(reports):
+        assert report["failures"] == [], f"rank {rank}"
+    # every row one rank received, another sent
+    for case in range(len(reports[0]["stats"])):
+        stats = [r["stats"][case] for r in reports]
+        assert sum(s["rows_received"] for s in stats) == sum(s["rows_sent"] for s in stats) > 0
+        assert sum(s["bytes_received"] for s in stats) == sum(s["bytes_sent"] for s in stats)
+        assert sum(s["duplicates_saved"] for s in stats) > 0
+
+
+def test_a_killed_peer_raises_exchange_error_on_the_survivor_within_the_timeout(tmp_path):
+    procs = _start(2, "kill", tmp_path)
+    try:
+        assert [p.stdout.readline().strip() for p in procs] == ["ready", "ready"]
+        procs[1].send_signal(signal.SIGKILL)
+        procs[1].wait(timeout=10)
+        procs[0].stdin.write("go\n")
+        procs[0].stdin.flush()
+        (report,) = _finish(procs[:1], timeout=30)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    assert report["failures"] == []
+    assert report["seconds"] < 5 + 2 and report["again_seconds"] < 1 and report["close_seconds"] < 5 + 2
+    assert report["error"].startswith("rank 0 of 2: exchange round 4 failed at its ") and "\n" not in report["error"]
+    assert report["again"] == report["error"]
+
+
+def test_a_peer_that_refused_its_ids_leaves_the_other_waiting_until_the_timeout(tmp_path):
+    rank0, rank1 = _finish(_start(2, "silent", tmp_path), timeout=60)
+    assert rank0["failures"] == rank1["failures"] == []
+    assert 1.5 < rank0["seconds"] < 2 + 2
+    assert "exchange round 4 failed at its counts step" in rank0["error"] and "timeout 2 s" in rank0["error"]
+
+
+@pytest.mark.parametrize("rows,parts,want", [(10, 3, [0, 4, 7, 10]), (2, 4, [0, 1, 2, 2, 2]), (0, 2, [0, 0, 0]),
+                                             (6, 1, [0, 6])])
+def test_partition_bounds_are_contiguous_and_even(rows, parts, want):
+    got = partition_bounds(rows, parts)
+    assert got.dtype == np.int64 and got.tolist() == want
+
+
+@pytest.mark.parametrize("rows,parts,match", [(10, 0, "parts must be a positive integer"),
+                                              (-1, 2, "num_rows must be an integer >= 0"),
+                                              (5, 2.0, "parts must be a positive integer"),
+                                              (True, 2, "num_rows must be")])
+def test_partition_bounds_refuse_bad_input(rows, parts, match):
+    with pytest.raises(ValueError, match=match):
+        partition_bounds(rows, parts)
+
+
+@pytest.fixture
+def one_rank():
+    """A one-rank gloo job in this process."""
+    with tempfile.TemporaryDirectory() as where:
+        dist.init_process_group("gloo", init_method=f"file://{where}/rendezvous", rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+
+
+def test_without_torch_distributed_it_says_to_initialise_it():
+    with pytest.raises(RuntimeError, match="torch.distributed is not initialised"):
+        RowExchange(TensorStore(torch.zeros(4, 2)), [0, 4])
+
+
+def test_bad_construction_is_refused_in_one_line(one_rank):
+    local = TensorStore(torch.zeros(4, 2))
+    for kwargs, error, match in (
+            (dict(local=torch.zeros(4, 2), bounds=[0, 4]), TypeError, "local must be a directload FeatureStore"),
+            (dict(local=local, bounds=[0, 2, 4]), ValueError, "bounds give 2 partitions, but the group has 1 ranks"),
+            (dict(local=local, bounds=[0, 5]), ValueError, r"rank 0 owns 5 rows \(0:5\), but the local store has 4"),
+            (dict(local=local, bounds=[0, 4], timeout=0), ValueError, "timeout must be a positive number"),
+            (dict(local=local, bounds=[0, 4], timeout="1"), ValueError, "timeout must be a positive number"),
+            (dict(local=local, bounds=[0, 4], backend="mpi"), ValueError, "backend must be 'gloo' or 'nccl'"),
+            (dict(local=local, bounds=[0, 4], backend="gloo", group=dist.group.WORLD), ValueError, "not both"),
+            (dict(local=local, bounds=[4, 0]), ValueError, "partition bounds must start at 0")):
+        with pytest.raises(error, match=match):
+            RowExchange(**kwargs)
+
+
+@pytest.mark.parametrize("dtype,shape", [(torch.float16, (37,)), (torch.int8, (1,)), (torch.bfloat16, (3, 4))])
+def test_one_rank_reads_its_own_rows_here_onto_the_index_device(one_rank, rng, dtype, shape):
+    table = torch.from_numpy(rng.integers(-100, 100, (50, *shape))).to(dtype)
+    with RowExchange(TensorStore(table), [0, 50], timeout=timedelta(seconds=10), own=True) as ex:
+        ids = torch.tensor([3, 3, 49, 0, 3], dtype=torch.int32)
+        got = ex.read(ids)
+        assert torch.equal(got, table[ids.long()]) and got.device == ids.device
+        assert torch.equal(ex.read([]), table[:0])
+        out = torch.empty((2, *shape), dtype=dtype)
+        assert ex.read([1, 2], out=out) is out and torch.equal(out, table[[1, 2]])
+        s = ex.stats()["exchange"]
+        counted = (s["rounds"], s["local_rows"], s["duplicates_saved"], s["rows_asked"], s["bytes_sent"])
+        assert counted == (3, 5, 2, 0, 0)
+        assert [t.tier for t in ex.stats().tiers] == ["exchange", "tensor"]
+        ex.reset_stats()
+        assert ex.stats()["exchange"]["rounds"] == 0
+    assert ex.closed and ex.group is None and ex.local.closed
+    with pytest.raises(ClosedError, match="is closed"):
+        ex.read([0])
+
+
+def test_it_is_the_remote_of_a_partitioned_store_with_a_given_group(one_rank):
+    table = torch.arange(24.0).view(12, 2)
+    group = dist.new_group(backend="gloo")
+    ex = RowExchange(TensorStore(table), [0, 12], group=group)
+    store = PartitionedStore(TensorStore(table), ex, [0, 12], part=0)
+    assert torch.equal(store.read([11, 0, 11]), table[[11, 0, 11]])
+    assert store.stats()["exchange"]["rounds"] == 1  # asked with no ids: every rank steps every read
+    ex.close()
+    assert ex.group is None  # the caller's group is the caller's to destroy
+    dist.destroy_process_group(group)
+
+
+def test_a_failed_round_refuses_every_later_read_with_the_same_error(one_rank, monkeypatch):
+    ex = RowExchange(TensorStore(torch.zeros(6, 3)), [0, 6], timeout=5)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("Connection reset by peer\nmore detail")
+
+    monkeypatch.setattr(dist, "all_to_all_single", broken)
+    with pytest.raises(ExchangeError, match=r"^rank 0 of 1: exchange round 1 failed at its counts step "
+                                            r"\(Connection reset by peer\): a peer died") as first:
+        ex.read([1])
+    assert "more detail" not in str(first.value) and isinstance(first.value.__cause__, RuntimeError)
+    with pytest.raises(ExchangeError, match="exchange round 1 failed") as again:
+        ex.read_async([2])  # refused at once, on the caller
+    assert str(again.value) == str(first.value)
+    assert "failed" in repr(ex)
+    t0 = time.monotonic()
+    ex.close()
+    assert time.monotonic() - t0 < 5
+
+
+def test_a_forked_child_refuses_to_read_instead_of_hanging(one_rank):
+    ex = RowExchange(TensorStore(torch.zeros(6, 3)), [0, 6], timeout=5)
+    ex.read([1])
+    pid = os.fork()
+    if pid == 0:  # the child: the group and the round thread stayed with the parent
+        try:
+            ex.read([1])
+        except ExchangeError as exc:
+            os._exit(0 if "made before the process forked" in str(exc) else 2)
+        os._exit(1)
+    deadline = time.monotonic() + 30
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0
+    assert torch.equal(ex.read([2]), torch.zeros(1, 3))  # the parent reads on
+    ex.close()
