@@ -227,3 +227,15 @@ def test_dist_without_partitions_says_how_to_make_them(tmp_path, capsys):
     assert main(["train", "--dist", "3", "--dataset", "synth-tiny", "--root", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "directload dataset partition --name synth-tiny --parts 3 --features memory" in err
+
+
+def test_a_host_that_cannot_emulate_machines_is_named_in_one_line(monkeypatch):
+    from directload.harness import dist
+
+    monkeypatch.setattr(dist.shutil, "which", lambda tool: None if tool == "ip" else f"/usr/bin/{tool}")
+    monkeypatch.setattr(dist.os, "geteuid", lambda: 0)
+    with pytest.raises(DistLaunchError, match="`ip` is not installed"):
+        dist.check_host()
+    monkeypatch.setattr(dist.os, "geteuid", lambda: 1000)
+    with pytest.raises(DistLaunchError, match="needs root"):
+        dist.check_host()
