@@ -175,9 +175,13 @@ def test_partitioned_features_train_as_the_whole_table_does(root, tmp_path, feat
     assert abs(accs[True] - accs[False]) < 0.08, accs
 
 
-def test_partition_features_needs_directloads_loader(root, tmp_path):
+@pytest.mark.parametrize("extra, says", [
+    (["--nproc", "2", "--loader", "both"], "splits the rows among the ranks of directload's loader"),
+    (["--loader", "directload"], "splits the rows among the ranks of a DDP job: give --nproc N"),
+])
+def test_partition_features_are_checked_before_any_work(root, tmp_path, extra, says):
     proc = subprocess.run([sys.executable, "-m", "directload", *TRAIN, "--root", str(root), "--out", str(tmp_path),
-                           "--nproc", "2", "--loader", "both", "--partition-features"], capture_output=True, **_TEXT,
-                          timeout=120, env=_env())
+                           "--partition-features", *extra], capture_output=True, **_TEXT, timeout=120, env=_env())
     assert proc.returncode == 1
-    assert proc.stderr.strip().startswith("directload: error: --partition-features splits the rows among the ranks")
+    assert proc.stderr.startswith("directload: error: --partition-features ") and says in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not list(tmp_path.iterdir())

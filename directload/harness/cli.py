@@ -492,6 +492,9 @@ def _train(args):
     if args.partition_features and (args.loader != "directload" or args.packed or args.node_budget):
         raise ValueError("--partition-features splits the rows among the ranks of directload's loader: it needs "
                          "--loader directload, and neither --packed nor --node-budget")
+    if args.partition_features and args.nproc < 2 and int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        raise ValueError("--partition-features splits the rows among the ranks of a DDP job: give --nproc N (N >= 2) "
+                         "or start the ranks with torchrun")
     if args.packed and (args.features == "memory" or args.loader not in ("directload", "both")):
         raise ValueError("--packed reads the packed disk store with directload's loader: it needs --features disk "
                          "or tiered and --loader directload (or both)")

@@ -154,6 +154,8 @@ class TrainConfig:
         if self.shared_hot and not (self.packed and self.features == "tiered"):
             raise ValueError("shared_hot keeps the packed disk store's hottest rows once per node: it needs "
                              "packed=True and features='tiered'")
+        if self.partitioned and self.nproc < 2:
+            raise ValueError("partitioned features are split among the ranks of a DDP job: they need nproc >= 2")
         if self.partitioned and (self.loader != "directload" or self.packed or self.node_budget):
             raise ValueError("partitioned features are read by directload's loader from each rank's own rows: "
                              "they need loader='directload', and neither packed nor node_budget")
