@@ -31,7 +31,6 @@ from tqdm import tqdm
 from directload.datasets import dataset_exists, synthesize
 from directload.harness.cli import HelpFormatter, partition_dir
 from directload.harness.plotting import pyplot, save_figure
-from directload.harness.train_dist import run
 
 MODES = ("dgl", "memory", "disk", "tiered")
 
@@ -83,6 +82,8 @@ def main():
     p.add_argument("--cache-frac", type=float, default=0.25, help="tiered: host cache, a fraction of a partition")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="what to run")
     args = p.parse_args()
+    from directload.harness.train_dist import run  # needs DGL: after --help, which works in every lane
+
     if not dataset_exists(args.root, args.dataset):
         synthesize(args.root, args.dataset)
     configs = {"memory": _partition(args, "memory"), "disk": _partition(args, "disk")}

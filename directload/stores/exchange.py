@@ -26,6 +26,7 @@ from .records import Stats, TieredStats
 
 __all__ = ["RowExchange", "ExchangeError", "partition_bounds"]
 
+_stranded = []  # in a forked child: the parent's groups, never destroyed here (see RowExchange._after_fork)
 _COUNTERS = ("rounds", "rows_asked", "rows_received", "duplicates_saved", "local_rows", "rows_sent",
              "bytes_sent", "bytes_received", "seconds")
 
@@ -325,7 +326,10 @@ class RowExchange(FeatureStore):
             self.local.close()
 
     def _after_fork(self):
-        # the group's connections and the round thread stay with the parent
+        # the group's connections and the round thread stay with the parent; the child keeps its copy of the
+        # group object alive for ever, since destroying it there would join gloo threads that exist only in
+        # the parent (std::system_error, abort)
+        _stranded.append(self.group)
         self._worker, self._made_group, self._lock = None, False, threading.Lock()
         self._error = self._error or ExchangeError(f"rank {self.rank}: this exchange was made before the process "
                                                    "forked and works only in the parent; make one in this process")

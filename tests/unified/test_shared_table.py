@@ -182,7 +182,9 @@ def test_every_rank_reads_the_same_rows_and_the_table_counts_once_on_the_node(sh
     assert sum(r["grew"] for r in shared) <= 1.25 * nbytes  # the processes grew by one table in all ...
     private = _ranks(n, "private", shm, f"private{n}")
     assert all(r["ok"] for r in private) and sum(r["loaded"] for r in private) == n
-    assert sum(r["grew"] for r in private) >= 0.95 * n * nbytes  # ... and by n tables with a copy each
+    # ... and by n tables with a copy each (0.9: RSS growth runs a little under the copies, 0.945 x 4 seen in CI;
+    # still far above the 1.25 tables the shared runs may grow by)
+    assert sum(r["grew"] for r in private) >= 0.9 * n * nbytes
     assert _ours(shm) == []
 
 
