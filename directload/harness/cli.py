@@ -201,6 +201,8 @@ def _train_dist(args, models, loaders):
     report = {"dataset": args.dataset, "machines": args.dist, "features": args.features, "runs": []}
     for seed in range(args.seeds):
         for loader in loaders:
+            print(f"{loader:>10} seed {seed}: {args.dist} DistDGL machines on this host, one server and one trainer "
+                  f"each, {args.epochs} epochs ...", flush=True)
             trainers = run(config, root=args.root, dataset=args.dataset, epochs=args.epochs, fanouts=fanouts,
                            batch_size=args.batch_size, hidden=args.hidden, lr=args.lr, seed=seed,
                            host_bytes=args.host_cache if args.features == "tiered" else 0,
