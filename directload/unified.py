@@ -25,7 +25,7 @@ from .placement import (
     write_target,
 )
 
-__all__ = ["UnifiedTensor", "ClosedError", "to_unified", "empty", "zeros", "ones", "is_unified"]
+__all__ = ["UnifiedTensor", "ClosedError", "to_unified", "empty", "zeros", "ones", "is_unified", "host_of"]
 
 
 class ClosedError(RuntimeError):
@@ -571,6 +571,19 @@ def is_unified(x):
     (False, True)
     """
     return isinstance(x, UnifiedTensor)
+
+
+def host_of(x):
+    """The plain host tensor under a :class:`UnifiedTensor` (its ``host``), or ``x`` itself.
+
+    Examples
+    --------
+    >>> import directload, torch
+    >>> t = torch.zeros(2)
+    >>> host_of(t) is t, type(host_of(directload.zeros(2))).__name__
+    (True, 'Tensor')
+    """
+    return x.host if is_unified(x) else x
 
 
 #: Maps a file as a unified tensor (``directload.files.from_file``, which builds on this module and sets

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from directload.capabilities import require
+from directload.unified import host_of
 
 from .train_inputs import TimedTable, feature_store, memmap_features
 
@@ -77,7 +78,7 @@ def make_loader(cfg, dataset, ids, batch_size, shuffle, ddp=False):
     if cfg.loader == "dgl":
         if cfg.features != "memory":  # the baseline out of core: DGL's loader over np.memmap
             feat = memmap_features(dataset)
-        graph.ndata["feat"] = (feat.host if getattr(feat, "is_unified", False) else feat).as_subclass(TimedTable)
+        graph.ndata["feat"] = host_of(feat).as_subclass(TimedTable)
         return dgl.dataloading.DataLoader(graph, ids, sampler, **kw)
     from directload.loaders.dgl import DataLoader
 

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from directload.unified import host_of
+
 from .train_dgl import SAGE, dgl
 
 __all__ = ["settings", "server_main", "trainer_main"]
@@ -50,13 +52,13 @@ def server_main(s, machine):
     dgl.distributed.initialize(s["ip_config"])
 
 
-def _local_store(s, config, machine):
-    from directload.loaders.dgl.distributed import read_partitions, store_path
+def _local_store(s, meta, machine):
+    from directload.loaders.dgl.distributed import store_path
     from directload.stores import TieredStore
 
-    if read_partitions(config)["features"] != "disk" or not s.get("host_bytes"):
+    if meta["features"] != "disk" or not s.get("host_bytes"):
         return None
-    return TieredStore(store_path(config, machine), host_bytes=s["host_bytes"])  # it opens and owns the disk store
+    return TieredStore(store_path(s["config"], machine), host_bytes=s["host_bytes"])  # it opens and owns the disk store
 
 
 def _verify(s, ids, rows, blocks, orig):
@@ -91,7 +93,7 @@ def trainer_main(s, machine):
     pb = g.get_partition_book()
     train_ids = dgl.distributed.node_split(g.ndata["train_mask"], pb, force_even=True)
     test_ids = dgl.distributed.node_split(g.ndata["test_mask"], pb, force_even=True)
-    store = dist_features(g, s["config"], local=_local_store(s, s["config"], machine))
+    store = dist_features(g, s["config"], local=_local_store(s, meta, machine))
     if s.get("fetch") == "dgl":  # the baseline: DGL's own fetch, g.ndata[...][input_nodes], no look-ahead
         if meta["features"] != "memory":
             raise ValueError("DGL's own fetch needs the features in DGL's partitions (partition with features=memory)")
@@ -102,7 +104,7 @@ def trainer_main(s, machine):
 
         ds = load(s["root"], s["dataset"])
         s["_orig_nids"], s["_num_nodes"] = np.load(Path(s["config"]).parent / "orig_nids.npy"), ds.num_nodes
-        orig = (ds.feat.host if getattr(ds.feat, "is_unified", False) else ds.feat,
+        orig = (host_of(ds.feat),
                 np.unique(ds.edge_index[0].numpy() * ds.num_nodes + ds.edge_index[1].numpy()))
     model = torch.nn.parallel.DistributedDataParallel(
         SAGE(meta["num_feats"], s["hidden"], meta["num_classes"], len(s["fanouts"]), 0.5))

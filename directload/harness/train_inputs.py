@@ -9,6 +9,8 @@ import time
 import numpy as np
 import torch
 
+from directload.unified import host_of
+
 __all__ = ["TimedTable", "DISK_FILE", "PACKED_FILE", "FEATURE_MODES", "feature_store", "disk_store",
            "memmap_features"]
 
@@ -91,10 +93,9 @@ def partitioned_store(dataset, cfg):
     bounds = partition_bounds(dataset.num_nodes, world)
     lo, hi = int(bounds[rank]), int(bounds[rank + 1])
     if cfg.features == "memory":
-        feat = dataset.feat
-        local = TensorStore((feat.host if getattr(feat, "is_unified", False) else feat)[lo:hi])
+        local = TensorStore(host_of(dataset.feat)[lo:hi])
     else:
-        path = disk_store(dataset).path
+        path = disk_store(dataset).path  # its checks (and its one-line error when missing) first
         layout = read_layout(path)
         rows = dict(dtype=layout.dtype, shape=(hi - lo, *layout.shape[1:]),
                     offset=layout.data_offset + lo * layout.row_nbytes)  # this rank's rows of the file, raw

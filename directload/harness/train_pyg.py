@@ -8,6 +8,8 @@ from torch_geometric.loader import NeighborLoader as PygNeighborLoader
 from torch_geometric.nn import GATConv, SAGEConv
 from torch_geometric.utils import trim_to_layer
 
+from directload.unified import host_of
+
 from .train_inputs import TimedTable, feature_store, memmap_features
 
 __all__ = ["SAGE", "GAT", "build_model", "make_loader", "input_nodes", "epoch", "forward", "seed", "num_neighbors",
@@ -125,7 +127,7 @@ def make_loader(cfg, dataset, ids, batch_size, shuffle, ddp=False):
     if cfg.loader == "pyg":
         if cfg.features != "memory":  # the baseline out of core: PyG's loader over np.memmap
             feat = memmap_features(dataset)
-        plain = (feat.host if getattr(feat, "is_unified", False) else feat).as_subclass(TimedTable)
+        plain = host_of(feat).as_subclass(TimedTable)
         data = Data(x=plain, y=dataset.labels, edge_index=dataset.edge_index, num_nodes=dataset.num_nodes)
         return PygNeighborLoader(data, **kw)
     from directload.loaders.pyg import NeighborLoader, stores_from

@@ -21,7 +21,7 @@ from directload.kernels.devices import HOST
 from directload.units import check_int
 
 from .base import FeatureStore, ReadFuture, deliver
-from .partitioned import check_bounds
+from .partitioned import check_bounds, owners
 from .records import Stats, TieredStats
 
 __all__ = ["RowExchange", "ExchangeError", "partition_bounds"]
@@ -229,7 +229,7 @@ class RowExchange(FeatureStore):
         t0 = time.perf_counter()
         rnb, world = self.row_nbytes, self.world_size
         uniq, inverse = np.unique(ids, return_inverse=True)  # sorted, so grouped by owner in rank order
-        owner = np.searchsorted(self.bounds, uniq, side="right") - 1
+        owner = owners(self.bounds, uniq)
         lo, hi = (int(i) for i in np.searchsorted(owner, [self.rank, self.rank + 1]))
         mine = self.local.read_async(torch.from_numpy(uniq[lo:hi] - self._start)) if hi > lo else None
         want = np.concatenate([uniq[:lo], uniq[hi:]])

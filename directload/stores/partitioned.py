@@ -15,7 +15,7 @@ import torch
 from .base import FeatureStore, ReadFuture
 from .records import Stats, TieredStats
 
-__all__ = ["PartitionedStore", "check_bounds"]
+__all__ = ["PartitionedStore", "check_bounds", "owners"]
 
 
 def check_bounds(bounds, num_rows=None):
@@ -39,6 +39,17 @@ def check_bounds(bounds, num_rows=None):
     if num_rows is not None and b[-1] != num_rows:
         raise ValueError(f"partition bounds end at {int(b[-1])}, but the table has {num_rows} rows")
     return b
+
+
+def owners(bounds, ids):
+    """The partition that owns each of ``ids`` (an int64 numpy array), for checked ``bounds``.
+
+    Examples
+    --------
+    >>> owners(np.array([0, 3, 3, 10]), [0, 2, 3, 9]).tolist()
+    [0, 0, 2, 2]
+    """
+    return np.searchsorted(bounds, np.asarray(ids, dtype=np.int64), side="right") - 1
 
 
 class PartitionedStore(FeatureStore):
@@ -116,8 +127,7 @@ class PartitionedStore(FeatureStore):
 
     def owners(self, ids):
         """The partition that owns each id (an int64 numpy array)."""
-        ids = np.asarray(ids.cpu() if isinstance(ids, torch.Tensor) else ids, dtype=np.int64)
-        return np.searchsorted(self.bounds, ids, side="right") - 1
+        return owners(self.bounds, ids.cpu() if isinstance(ids, torch.Tensor) else ids)
 
     def _own_memory(self):
         return self.local._own_memory()

@@ -24,7 +24,9 @@ import torch
 from directload.capabilities import require
 from directload.kernels.devices import HOST
 from directload.stores import DiskStore, FeatureStore, PartitionedStore, ReadFuture, TensorStore, write_disk_store
+from directload.stores.partitioned import owners
 from directload.stores.records import Stats
+from directload.unified import host_of
 
 dgl = require("dgl")
 
@@ -111,7 +113,7 @@ def partition(dataset, parts, out, *, features="memory", method="metis", progres
         mask = torch.zeros(dataset.num_nodes, dtype=torch.bool)
         mask[ids] = True
         g.ndata[f"{name}_mask"] = mask
-    feat = getattr(dataset.feat, "host", dataset.feat)
+    feat = host_of(dataset.feat)
     if features == "memory":
         g.ndata["feat"] = feat
     with contextlib.redirect_stdout(sys.stdout if progress else io.StringIO()):  # DGL reports on stdout
@@ -189,7 +191,6 @@ class _RemoteRows(FeatureStore):
         ids = index.cpu().to(torch.int64)
 
         def run():
-            import time
             t0 = time.perf_counter()
             rows = self._fetch(ids) if len(ids) else torch.empty((0, *self._row_shape), dtype=self._dtype)
             with self._lock:
@@ -316,7 +317,7 @@ class ServedRows(_RemoteRows):
 
     def _fetch(self, ids):
         np_ids = ids.numpy()
-        owner = np.searchsorted(self._bounds, np_ids, side="right") - 1
+        owner = owners(self._bounds, np_ids)
         order = np.argsort(owner, kind="stable")
         machines, starts = np.unique(owner[order], return_index=True)
         groups = np.split(order, starts[1:])
