@@ -495,6 +495,7 @@ class Cache(FeatureStore):
         mine, skipped = self._announced.match(uniq)  # after the wait: rows landing for it must stay
         for entry in skipped:
             self._release(self._announced.forget(entry))
+        s = t.slot[uniq]  # again: a skipped batch's staged rows just freed may be rows of this read
         kind = t.kind_of(s)
         q = SimpleNamespace(uniq=uniq, s=s, mine=mine, cached=(s >= 0) & (kind == CACHED),
                             staged=(s >= 0) & (kind == STAGED), miss=s < 0)
@@ -550,8 +551,15 @@ class Cache(FeatureStore):
         t = self._table
         promote = q.keep & q.staged
         if promote.any():
-            cur = t.slot[q.uniq[promote]]
-            t.kind[cur[cur >= 0]] = CACHED  # (-1: a concurrent reader's eviction unmapped it meanwhile)
+            # Only a row still in the slot it was staged in: another reader may have freed that slot
+            # meanwhile, and the row may be in flight in another now (read ahead or warmed), which only
+            # its reader may settle.  The query's slots stay pinned until the gather, so a slot that
+            # still holds the row is the one the query saw.
+            rows, was = q.uniq[promote], q.s[promote]
+            cur = t.slot[rows]
+            same = cur == was
+            same[same] = t.kind[cur[same]] == STAGED
+            t.kind[cur[same]] = CACHED
         new = q.keep & q.miss
         if new.any():
             # among the misses, in flat's order; not those a concurrent reader gave a slot meanwhile

@@ -142,6 +142,36 @@ class SlotTable:
                 self._deferred = [d for d in self._deferred if self.pinned[d] > 0]
                 self._give(done)
 
+    def problems(self):
+        """What breaks the table's invariants, in words (empty when none): a slot free twice, free and in
+        use, or held by two rows.  A check for tests and debugging; the owner's lock must be held.
+
+        Examples
+        --------
+        >>> t = SlotTable(num_rows=4, slots=2)
+        >>> t.place(np.array([1]), t.claim(1), CACHED); t.problems()
+        []
+        >>> t.slot[2] = t.slot[1]; t.problems()
+        ['a slot held by two rows: [0]']
+        """
+        found = []
+        free = np.asarray(self._free + self._parked + self._deferred, np.int64)
+        uniq, counts = np.unique(free, return_counts=True)
+        if (counts > 1).any():
+            found.append(f"slots free twice: {uniq[counts > 1][:8].tolist()}")
+        if free.size and (self.kind[free] != FREE).any():
+            found.append(f"free slots in use: {free[self.kind[free] != FREE][:8].tolist()}")
+        held = self.slot[self.slot >= 0].astype(np.int64)
+        uniq, counts = np.unique(held, return_counts=True)
+        if (counts > 1).any():
+            found.append(f"a slot held by two rows: {uniq[counts > 1][:8].tolist()}")
+        if held.size and (self.kind[held] == FREE).any():
+            found.append(f"rows mapped to free slots: {held[self.kind[held] == FREE][:8].tolist()}")
+        in_use = np.flatnonzero(self.kind != FREE)
+        if np.setdiff1d(in_use, held).size:
+            found.append(f"slots in use that no row holds: {np.setdiff1d(in_use, held)[:8].tolist()}")
+        return found
+
     def keep_cached_only(self):
         """Free every slot that is not ``CACHED`` and forget readers and demand reads (a forked child's
         table: the threads that filled or read them stayed in the parent)."""
