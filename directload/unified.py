@@ -9,7 +9,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from directload.capabilities import capabilities
 from directload.kernels import gather
 from directload.kernels.interop import CudaArrayView
-from directload.kernels.operands import out_of_range
+from directload.kernels.operands import check_readable, out_of_range
 
 from . import memory
 from .placement import (
@@ -304,6 +304,7 @@ def _gather(table, index, negative_from_end=False):
     # whole gather): a close() on another thread cannot pull them out mid-call.
     host = table.check_backing()
     alloc = table._alloc  # noqa: F841 (held, not used)
+    check_readable(index, "index")
     if negative_from_end and index.numel():
         n_rows = host.shape[0]
         lo = int(index.min())

@@ -22,7 +22,7 @@ from .cpu import first_invalid
 from .devices import memory_of, read_devices
 from .host_bytes import nbytes_of
 from .host_pool import default_pool
-from .operands import memory_span, out_of_range, overlaps
+from .operands import check_readable, memory_span, out_of_range, overlaps
 
 __all__ = ["gather", "gather_async", "GatherFuture", "resolve_backend", "check_devices", "check_no_overlap",
            "launcher", "BACKENDS"]
@@ -113,6 +113,7 @@ def _check_index(index, n_rows, *, cpu_bounds=True):
         index = torch.from_numpy(index)
     if not isinstance(index, torch.Tensor):
         raise TypeError(f"index must be a torch.Tensor or numpy.ndarray, got {type(index).__name__}")
+    check_readable(index, "index")
     if index.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"index must be int32 or int64, got {index.dtype}")
     if index.dim() != 1:
@@ -133,6 +134,7 @@ def _check_index(index, n_rows, *, cpu_bounds=True):
 def _check_src(src):
     if not isinstance(src, torch.Tensor):
         raise TypeError(f"src must be a torch.Tensor, got {type(src).__name__}")
+    check_readable(src, "src")
     if src.dim() == 0:
         raise ValueError("src must have at least one dimension (rows)")
     if src.element_size() not in _CARRIER:
@@ -155,6 +157,7 @@ def check_devices(index_device, src_location, src_device):
 def _check_out(out, shape, src, on_cuda, device):
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+    check_readable(out, "out")
     if out.dtype != src.dtype:
         raise TypeError(f"out has dtype {out.dtype}, expected {src.dtype}")
     if tuple(out.shape) != shape:
@@ -297,8 +300,9 @@ def _gather_cpu_fast(src, index, out, aligned):
     Worth it: right after a gather, the caches and TLB are cold (random rows of a big
     table), and the general path's Python work took ~20 us of a 2 MB gather (measured).
     """
-    if (type(index) is not torch.Tensor or type(src) is not torch.Tensor or index.is_cuda
-            or index.dtype not in _INDEX_DTYPES or index.dim() != 1 or not index.is_contiguous()):
+    if (type(index) is not torch.Tensor or type(src) is not torch.Tensor or index.device.type != "cpu"
+            or index.layout != torch.strided or index.dtype not in _INDEX_DTYPES or index.dim() != 1
+            or not index.is_contiguous()):
         return None
     n = index.shape[0]
     src_hit = _cached_bits(src)

@@ -40,7 +40,7 @@ from numba.extending import intrinsic
 from . import forks
 from .carriers import CARRIERS, ELEMENT_SIZES
 from .indexing import naive_element
-from .operands import check_launch
+from .operands import check_launch, check_readable
 
 __all__ = ["launch", "first_invalid", "set_num_threads", "get_num_threads", "set_team", "team", "prepare", "ready",
            "note_fallback", "LOAD_AFTER_S",
@@ -499,6 +499,9 @@ def launch(src, index, out, *, aligned=True, stream=0):
     1
     """
     check_launch(src, index, out)
+    for name, a in (("src", src), ("index", index), ("out", out)):
+        if isinstance(a, torch.Tensor):
+            check_readable(a, name, ("cpu",))  # a CPU kernel dereferences raw host pointers
     if type(out) is np.ndarray:
         return _launch_arrays(src, index, out, aligned)
     threads = get_num_threads() if out.numel() * out.element_size() >= SERIAL_BYTES else 1

@@ -14,7 +14,9 @@ import torch
 
 from .carriers import ELEMENT_SIZES
 
-__all__ = ["check_launch", "out_of_range", "RowWords", "row_words", "memory_span", "overlaps"]
+__all__ = ["check_launch", "check_readable", "out_of_range", "RowWords", "row_words", "memory_span", "overlaps"]
+
+_DEVICE_TYPES = ("cpu", "cuda")  # where a gather reads and writes; "meta" tensors have no memory at all
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,31 @@ def _contiguous(a):
 def _is_int_index(a):
     name = str(a.dtype).removeprefix("torch.")
     return name in ("int32", "int64")
+
+
+def check_readable(t, name, devices=_DEVICE_TYPES):
+    """Raise unless the tensor ``t`` has memory a gather can address: ``TypeError`` for a sparse (or other
+    non-strided) layout, ``ValueError`` for a device of another type than ``devices`` (a ``meta`` tensor has
+    shapes but no memory: a kernel given its null pointer would crash the process).
+
+    Examples
+    --------
+    >>> check_readable(torch.zeros(2), "ids")
+    >>> check_readable(torch.zeros(2, device="meta"), "out")
+    Traceback (most recent call last):
+    ...
+    ValueError: out is on the meta device, which holds no data: pass a tensor on the CPU or a CUDA device
+    >>> check_readable(torch.zeros(2).to_sparse(), "ids")
+    Traceback (most recent call last):
+    ...
+    TypeError: ids must be a dense tensor, got layout torch.sparse_coo: call .to_dense() first
+    """
+    if t.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense tensor, got layout {t.layout}: call .to_dense() first")
+    if t.device.type not in devices:
+        where = " or ".join("the CPU" if d == "cpu" else "a CUDA device" for d in devices)
+        raise ValueError(f"{name} is on the {t.device.type} device, which holds no data: pass a tensor on {where}"
+                         if t.device.type == "meta" else f"{name} is on {t.device}: pass a tensor on {where}")
 
 
 def check_launch(src, index, out):

@@ -18,7 +18,7 @@ import torch
 
 from directload.capabilities import usable_device
 from directload.kernels.devices import HOST, read_devices
-from directload.kernels.operands import memory_span, out_of_range, overlaps
+from directload.kernels.operands import check_readable, memory_span, out_of_range, overlaps
 from directload.unified import ClosedError
 
 from .records import Staged, Stats
@@ -162,6 +162,7 @@ def _as_index(ids):
         t = torch.tensor(list(ids), dtype=torch.int64) if len(ids) else torch.empty(0, dtype=torch.int64)
     else:
         raise TypeError(f"ids must be a tensor, a numpy array or a list of integers, not {type(ids).__name__}")
+    check_readable(t, "ids")
     if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
         raise TypeError(f"ids must be integer row ids, got {t.dtype}")
     if t.dim() == 0:

@@ -5,6 +5,8 @@ import threading
 import numpy as np
 import torch
 
+from directload.kernels.operands import check_readable
+
 from .base import FeatureStore, ReadFuture
 from .records import Stats, TieredStats
 
@@ -48,6 +50,8 @@ class HotRowsStore(FeatureStore):
         if not isinstance(fallback, FeatureStore):
             raise TypeError(f"fallback must be a directload FeatureStore, not {type(fallback).__name__}")
         fallback._check_open()
+        if isinstance(hot_ids, torch.Tensor):
+            check_readable(hot_ids, "hot_ids")
         hot = np.asarray(hot_ids.cpu() if isinstance(hot_ids, torch.Tensor) else hot_ids)
         if hot.ndim != 1 or (hot.size and hot.dtype.kind not in "iu"):
             raise TypeError(f"hot_ids must be a 1-D sequence of integer ids, got {hot.dtype} of shape {hot.shape}")

@@ -59,22 +59,28 @@ class TieredStore(FeatureStore):
     def __init__(self, source, *, gpu_bytes=0, host_bytes=0, staging_bytes=None, policy="lookahead", device=None,
                  host_room_bytes=None, **disk_options):
         super().__init__()
+        # Every argument is checked before a disk store is opened: a refused store leaves nothing open.
         gpu_bytes, host_bytes = check_bytes("gpu_bytes", gpu_bytes), check_bytes("host_bytes", host_bytes)
         if staging_bytes is not None:
             staging_bytes = check_bytes("staging_bytes", staging_bytes)
+        if host_room_bytes is not None:
+            host_room_bytes = check_bytes("host_room_bytes", host_room_bytes)
+            if host_room_bytes < host_bytes:
+                raise ValueError(f"host_room_bytes ({host_room_bytes}) is less than host_bytes ({host_bytes})")
         if isinstance(source, FeatureStore):
             if disk_options:
                 raise TypeError(f"disk options {sorted(disk_options)} apply to a path, not to a given store")
-            base, self._owned = source, None
-        elif isinstance(source, (str, os.PathLike)):
-            base = self._owned = DiskStore(source, **disk_options)
-        else:
+        elif not isinstance(source, (str, os.PathLike)):
             raise TypeError(f"source must be a path or a FeatureStore, not {type(source).__name__}")
         if staging_bytes is None:
             room = max(host_bytes, host_room_bytes or 0)  # a cache that may grow gets the slots of its room
             staging_bytes = max(room // 4, 64 << 20) if room else 0
-        chain = [base]
+        self._owned = None
+        chain = []
         try:
+            base = source if isinstance(source, FeatureStore) else DiskStore(source, **disk_options)
+            self._owned = None if base is source else base
+            chain.append(base)
             if host_bytes or staging_bytes or host_room_bytes:
                 chain.append(HostCache(base, host_bytes, policy, staging_bytes=staging_bytes,
                                        room_bytes=host_room_bytes))

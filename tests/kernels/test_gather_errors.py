@@ -202,3 +202,49 @@ def test_every_backend_launch_refuses_operands_it_would_write_past(case, kind):
     with pytest.raises((ValueError, TypeError)):
         cpu.launch(src, index, out)
     assert torch.equal(torch.as_tensor(out), poison)  # nothing written
+
+
+_NO_DATA_SCRIPT = r"""
+import torch
+import directload
+from directload.kernels import cpu, gather
+
+cpu.prepare(background=False)  # the kernels loaded: the lazy index_select path no longer stands in front
+src, idx = torch.randn(10, 3), torch.tensor([1, 2])
+gather(src, idx)
+gather(src, idx)  # src's view cached: the fast path
+cases = {
+    "out meta": lambda: gather(src, idx, out=torch.empty(2, 3, device="meta")),
+    "out sparse": lambda: gather(src, idx, out=torch.zeros(2, 3).to_sparse()),
+    "index meta": lambda: gather(src, idx.to("meta")),
+    "index sparse": lambda: gather(src, idx.to_sparse()),
+    "src meta": lambda: gather(src.to("meta"), idx),
+    "launch out meta": lambda: cpu.launch(src, idx, torch.empty(2, 3, device="meta")),
+    "unified index meta": lambda: directload.to_unified(src.clone())[idx.to("meta")],
+    "unified index sparse": lambda: directload.to_unified(src.clone())[idx.to_sparse()],
+}
+for name, case in cases.items():
+    try:
+        case()
+        print(name, "no error")
+    except (TypeError, ValueError) as exc:
+        print(name, type(exc).__name__, exc)
+"""
+
+
+def test_tensors_without_memory_are_refused_typed_never_dereferenced():
+    # A meta tensor's data pointer is null: the loaded CPU kernel wrote through it (SIGSEGV), so this runs in
+    # a process of its own
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _NO_DATA_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = run.stdout.splitlines()
+    assert len(got) == 8, run.stdout
+    for line in got:
+        assert "no error" not in line, line
+        if "meta" in line:
+            assert "ValueError" in line and "meta device" in line, line
+        else:
+            assert "TypeError" in line and "dense tensor" in line, line

@@ -133,3 +133,66 @@ def test_size_strings_are_budgets(tmp_path):
         assert host["capacity_rows"] == 512 // 16 and host["staging_rows"] == 0
         assert store.stats()["device"]["capacity_rows"] == 256 // 16
         assert torch.equal(store.read([7, 49]), TABLE[[7, 49]])
+
+
+_NO_DATA = {"meta": lambda: torch.tensor([1, 2]).to("meta"), "sparse": lambda: torch.tensor([1, 2]).to_sparse()}
+
+
+@pytest.mark.parametrize("kind", list(_NO_DATA))
+def test_ids_without_readable_values_are_refused_typed_by_every_store_and_hint(store, kind):
+    ids = _NO_DATA[kind]()
+    error, match = (ValueError, "meta device") if kind == "meta" else (TypeError, "dense tensor")
+    with pytest.raises(error, match=match):
+        store.read(ids)
+    with pytest.raises(error, match=match):
+        store.read_async(ids)
+    with pytest.raises(error, match=match):
+        store.prefetch(ids)
+    with pytest.raises(error, match=match):
+        store.stage(ids, lambda n: np.empty(n, np.uint8))
+    if hasattr(store, "warm"):
+        with pytest.raises(error, match=match):
+            store.warm(ids)
+    assert torch.equal(store.read([1, 2]), TABLE[[1, 2]])  # nothing broke
+
+
+def test_hot_ids_without_readable_values_are_refused_typed():
+    from directload.stores import HotRowsStore
+
+    with pytest.raises(ValueError, match="meta device"):
+        HotRowsStore(TensorStore(TABLE.clone()), _NO_DATA["meta"](), TABLE[:2].clone())
+    with pytest.raises(TypeError, match="dense tensor"):
+        HotRowsStore(TensorStore(TABLE.clone()), _NO_DATA["sparse"](), TABLE[:2].clone())
+
+
+def _open_fds():
+    """This process's descriptors: (all, io_uring rings)."""
+    import os
+
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # closed meanwhile (the listing's own descriptor)
+            pass
+    return len(links), sum("io_uring" in link for link in links)
+
+
+@pytest.mark.parametrize("bad", [dict(host_room_bytes="lots"), dict(host_room_bytes=-5), dict(host_room_bytes=16),
+                                 dict(policy="nope"), dict(policy=3), dict(gpu_bytes=64, device="cuda:7"),
+                                 dict(staging_bytes=-1)])
+def test_a_refused_tiered_store_leaves_no_disk_store_open(tmp_path, bad):
+    # the refusals are kept, as a caller collecting errors would: their tracebacks must hold nothing open
+    import threading
+
+    path = write_disk_store(TABLE, tmp_path / "t.npy", progress=False)
+    before, disk_threads = _open_fds(), sum(t.name.startswith("directload-disk") for t in threading.enumerate())
+    kept = []
+    for _ in range(20):
+        with pytest.raises((TypeError, ValueError, RuntimeError)) as info:
+            TieredStore(path, host_bytes=64, **bad)
+        assert "not supported between" not in str(info.value)  # a typed message of ours, not a comparison's
+        kept.append(info)
+    after = _open_fds()
+    assert after[0] - before[0] <= 2 and after[1] <= before[1], (before, after)
+    assert sum(t.name.startswith("directload-disk") for t in threading.enumerate()) <= disk_threads
