@@ -1,11 +1,12 @@
-"""Configuration values, checked in one place: sizes in bytes (one parser and one check for every budget:
-caches, staging, memory caps) and whole-number settings (batch sizes, look-ahead, queue depths, epochs)."""
+"""Configuration values, checked in one place: sizes in bytes (one parser, one check and one formatter for
+every budget: caches, staging, memory caps) and whole-number settings (batch sizes, look-ahead, queue depths,
+epochs)."""
 
 import re
 
 import numpy as np
 
-__all__ = ["parse_size", "check_bytes", "check_int"]
+__all__ = ["parse_size", "check_bytes", "check_int", "format_size"]
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(?:i?[bB])?\s*")
@@ -31,6 +32,24 @@ def parse_size(text, *, allow_zero=False):
     if value < (0 if allow_zero else 1):
         raise ValueError(f"a size must be at least {0 if allow_zero else 1} byte, got {text!r}")
     return value
+
+
+def format_size(nbytes):
+    """``nbytes`` for a message, in the largest of B, KiB, MiB, GiB and TiB that leaves at least 1 (two
+    decimals above bytes), so that a tiny size never reads as ``0.00 GiB``.  Pure.
+
+    Examples
+    --------
+    >>> format_size(0), format_size(1023), format_size(4096 + 512), format_size(64 << 20), format_size(3 << 40)
+    ('0 B', '1023 B', '4.50 KiB', '64.00 MiB', '3.00 TiB')
+    """
+    nbytes = int(nbytes)
+    if abs(nbytes) < 1024:
+        return f"{nbytes} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        nbytes /= 1024
+        if abs(nbytes) < 1024 or unit == "TiB":
+            return f"{nbytes:.2f} {unit}"
 
 
 def check_bytes(name, value):
