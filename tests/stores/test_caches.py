@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import bits, random_table
+from conftest import bits, random_table, within
 
 from directload.stores import (
     ClosedError,
@@ -128,6 +128,11 @@ def test_a_cache_smaller_than_one_batch_passes_through_and_says_so(rng):
             assert s["cached_rows"] <= cap
 
 
+def _until(condition):
+    while not condition():
+        time.sleep(0.001)
+
+
 class _Flaky(FeatureStore):
     """A store whose reads take ``delay`` seconds, and fail after ``ok`` of them (a disk going bad), or
     fail when they read more than ``fail_over`` rows."""
@@ -135,6 +140,7 @@ class _Flaky(FeatureStore):
     def __init__(self, table, ok=None, delay=0.0, fail_over=None, gate=None):
         super().__init__()
         self.table, self.ok, self.delay, self.fail_over, self.gate = table, ok, delay, fail_over, gate
+        self.calls = 0  # reads started
 
     num_rows = property(lambda self: self.table.shape[0])
     row_shape = property(lambda self: tuple(self.table.shape[1:]))
@@ -143,6 +149,7 @@ class _Flaky(FeatureStore):
     def _read_async(self, index, out, run_device, out_device):
         from directload.stores import ReadFuture
 
+        self.calls += 1
         time.sleep(self.delay)
         if self.gate is not None:
             assert self.gate.wait(10), "the test never opened the gate"
@@ -180,13 +187,14 @@ def test_a_failing_read_ahead_reaches_the_reader_and_nothing_hangs(rng):
 
 def test_close_with_reads_ahead_in_flight_returns_promptly_and_reads_then_fail(rng):
     table = random_table(rng, 10000, 2, torch.float32)
-    cache = HostCache(_Flaky(table, delay=0.2), 0, "lookahead", staging_bytes=10000 * 8)
+    flaky = _Flaky(table, delay=0.2)
+    cache = HostCache(flaky, 0, "lookahead", staging_bytes=10000 * 8)
     for k in range(20):
         cache.prefetch(np.arange(k * 500, k * 500 + 500))
-    time.sleep(0.05)  # a chunk is in flight now
-    t0 = time.monotonic()
-    cache.close()
-    assert time.monotonic() - t0 < 5
+    within(60, lambda: _until(lambda: flaky.calls > 0))  # a chunk is in flight now
+    started = flaky.calls
+    within(60, cache.close)
+    assert flaky.calls <= started + 1 < 20  # the chunk in flight landed, no other started (not 20 x 0.2 s)
     with pytest.raises(ClosedError):
         cache.read([1])
     with pytest.raises(ClosedError):
@@ -583,14 +591,15 @@ def test_a_failing_background_warm_reaches_the_reader_and_close_never_hangs(rng)
     assert isinstance(info.value.__cause__, OSError)
     assert cache.stats()["cached_rows"] == 0
     cache.close()
-    slow = HostCache(_Flaky(table, delay=0.2), 400 * 8, "lru")
+    flaky = _Flaky(table, delay=0.2)
+    slow = HostCache(flaky, 400 * 8, "lru")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("directload.stores.warming.WARM_BYTES", 8 * 8)  # 50 rounds of 0.2 s
         slow.warm(np.arange(400), background=True)
-        time.sleep(0.05)
-        t0 = time.perf_counter()
-        slow.close()  # stops between rounds
-    assert time.perf_counter() - t0 < 2 and slow.warming is None
+        within(60, lambda: _until(lambda: flaky.calls > 0))
+        started = flaky.calls
+        within(60, slow.close)  # stops between rounds
+    assert flaky.calls <= started + 1 < 50 and slow.warming is None
 
 
 def test_a_tiered_background_warm_fills_the_device_tier_after_the_host_tier(tmp_path, rng):
@@ -665,14 +674,15 @@ def test_one_warm_at_a_time_so_two_never_share_a_buffer(rng):
 
 def test_closing_a_tiered_store_while_its_tiers_warm_in_the_background_is_prompt(rng):
     table = random_table(rng, 400, 2, torch.float32)
-    store = TieredStore(_Flaky(table, delay=0.2), gpu_bytes=20 * 8, host_bytes=400 * 8, staging_bytes=0)
+    flaky = _Flaky(table, delay=0.2)
+    store = TieredStore(flaky, gpu_bytes=20 * 8, host_bytes=400 * 8, staging_bytes=0)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("directload.stores.warming.WARM_BYTES", 8 * 8)  # the host tier: 50 rounds of 0.2 s
         store.warm(np.arange(400), background=True)
-        time.sleep(0.05)
-        t0 = time.perf_counter()
-        store.close()  # the GPU tier's thread, waiting for the host tier's, stops too
-    assert time.perf_counter() - t0 < 2
+        within(60, lambda: _until(lambda: flaky.calls > 0))
+        started = flaky.calls
+        within(60, store.close)  # the GPU tier's thread, waiting for the host tier's, stops too
+    assert flaky.calls <= started + 1 < 50
     assert all(t.warming is None for t in store.tiers[:2])
 
 
