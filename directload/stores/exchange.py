@@ -2,12 +2,14 @@
 
 Each rank holds one contiguous range of rows (:func:`partition_bounds`) in its own store.  A read sends the
 ids it wants to their owners and gets the rows back, three ``all_to_all_single`` steps on a process group
-of its own (counts, ids, rows).  It is the ``remote`` of a :class:`~directload.stores.PartitionedStore` in
-a PyG job, as DGL's KVStore is in a DistDGL one.
+of its own (counts, ids, rows), after a first one that checks every rank holds the same table.  It is the
+``remote`` of a :class:`~directload.stores.PartitionedStore` in a PyG job, as DGL's KVStore is in a
+DistDGL one.
 """
 
 import threading
 import time
+import zlib
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -32,8 +34,9 @@ _COUNTERS = ("rounds", "rows_asked", "rows_received", "duplicates_saved", "local
 
 
 class ExchangeError(RuntimeError):
-    """An exchange of rows between ranks failed: a peer died, stopped reading (a step timed out) or left
-    the process group.  Once raised, the :class:`RowExchange` refuses every later read with it.
+    """An exchange of rows between ranks failed: a peer died, stopped reading (a step timed out), left the
+    process group, or holds a different table (dtype, row shape or bounds).  Once raised, the
+    :class:`RowExchange` refuses every later read with it.
 
     Examples
     --------
@@ -82,6 +85,65 @@ def _first_line(exc):
     return lines[0] if lines else type(exc).__name__
 
 
+_NAME_BYTES, _DIMS = 32, 16  # a table's description: its dtype's name and up to 16 dims in full (a checksum of all)
+
+
+def _describe(dtype, row_shape, bounds):
+    """A table as seen by one rank, as int64: dtype name, row bytes, row shape and partition bounds.  It has
+    the same length on every rank of a group (``bounds`` has one entry per rank, and one more), so gathering
+    them can never be the step whose sizes disagree."""
+    name = str(dtype).removeprefix("torch.").encode()[:_NAME_BYTES].ljust(_NAME_BYTES, b"\0")
+    dims = list(row_shape)
+    nbytes = int(np.prod(dims, dtype=np.int64)) * torch.empty(0, dtype=dtype).element_size()
+    head = [nbytes, len(dims), zlib.crc32(repr(tuple(dims)).encode())]
+    return np.concatenate([np.frombuffer(name, dtype=np.int64), head, (dims + [0] * _DIMS)[:_DIMS],
+                           bounds]).astype(np.int64)
+
+
+def _shown(described):
+    """``(rows, bounds)``: what :func:`_describe` said, in words."""
+    words = _NAME_BYTES // 8
+    name = described[:words].tobytes().rstrip(b"\0").decode(errors="replace")
+    ndim = int(described[words + 1])
+    dims = described[words + 3:words + 3 + min(ndim, _DIMS)].tolist()
+    shape = repr(tuple(dims)) if ndim <= _DIMS else f"({', '.join(map(str, dims))}, ... {ndim} dims)"
+    bounds = described[words + 3 + _DIMS:].tolist()
+    shown = bounds if len(bounds) <= 9 else [*bounds[:4], "...", *bounds[-2:]]
+    return f"{name} rows of {shape}", f"bounds [{', '.join(map(str, shown))}]"
+
+
+def _disagreement(described):
+    """``None`` when every rank (a row of ``described``) holds the same table, else the one line that says
+    which ranks hold what, those that differ from rank 0 first.
+
+    Examples
+    --------
+    >>> a, b = _describe(torch.float32, (4,), [0, 2, 4]), _describe(torch.int32, (4,), [0, 2, 4])
+    >>> _disagreement(np.stack([a, a])) is None
+    True
+    >>> _disagreement(np.stack([a, b, b])).split(";")[0]
+    'ranks 1, 2 have int32 rows of (4,), rank 0 float32 rows of (4,)'
+    """
+    shown = [_shown(row) for row in described]
+    differ = [i for i, what in enumerate(("rows", "bounds")) if len({s[i] for s in shown}) > 1]
+    if not differ:
+        return None
+    groups = {}  # what a rank holds -> the ranks that hold it, rank 0's first
+    for rank, s in enumerate(shown):
+        groups.setdefault(" and ".join(s[i] for i in differ), []).append(rank)
+    parts = [*list(groups.items())[1:], next(iter(groups.items()))]
+    said = []
+    for n, (what, ranks) in enumerate(parts):
+        if len(ranks) == 1:
+            who, verb = f"rank {ranks[0]}", "has"
+        else:
+            more = "" if len(ranks) <= 8 else f" ... ({len(ranks)} ranks)"
+            who, verb = f"ranks {', '.join(map(str, ranks[:8]))}{more}", "have"
+        said.append(f"{who} {verb} {what}" if n == 0 else f"{who} {what}")
+    advice = ("give every rank's store the same dtype and row shape", "give every rank the same bounds")
+    return f"{', '.join(said)}; {'; '.join(advice[i] for i in differ)}"
+
+
 class RowExchange(FeatureStore):
     """The whole table, as seen from one rank: its own rows from ``local``, every other row from its owner.
 
@@ -125,6 +187,11 @@ class RowExchange(FeatureStore):
       same order as any other ``new_group`` call (torch's rule for new groups).
     * **Memory contract.**  The result lives on ``device`` when given, else on the index's device, a new
       tensor (or ``out``); rows move between ranks in host memory (gloo) and are copied to a GPU result.
+    * **One table.**  The first read starts with a step that checks every rank holds the same table: the
+      same dtype, row shape and bounds.  Where they differ, every rank raises one :class:`ExchangeError`
+      naming the ranks and what each holds (and raises it on every later read), never rows of one dtype
+      read as another.  Rows of 0 bytes (a 0 in the row shape) are read as ``[len(ids), *row_shape]``
+      without an exchange.
     * **Errors.**  Bad ids (type, shape, range) or a wrong ``out`` raise on the caller, before the round
       is queued: the peers then wait for a round that never comes and raise :class:`ExchangeError` after
       ``timeout``.  A dead or silent peer, or a failed read of ``local`` on any rank, makes every rank's
@@ -189,6 +256,7 @@ class RowExchange(FeatureStore):
         self._lock = threading.Lock()
         self._rounds = 0  # rounds started, numbered in the errors
         self._error = None
+        self._agreed = False  # the ranks found to hold the same table (the first round's check step)
         self._stats = dict.fromkeys(_COUNTERS, 0)
 
     @property
@@ -227,10 +295,15 @@ class RowExchange(FeatureStore):
         """One round of the exchange (on the store's thread): this rank's rows at ``ids``."""
         self._check_usable()
         t0 = time.perf_counter()
+        if not self._agreed:
+            self._agree(number)
         rnb, world = self.row_nbytes, self.world_size
         uniq, inverse = np.unique(ids, return_inverse=True)  # sorted, so grouped by owner in rank order
         owner = owners(self.bounds, uniq)
         lo, hi = (int(i) for i in np.searchsorted(owner, [self.rank, self.rank + 1]))
+        if not rnb:  # every rank's rows are 0 bytes (the check step said so): nothing to exchange
+            self._count(ids, uniq.size, hi - lo, 0, 0, t0)
+            return torch.empty((ids.size, *self.row_shape), dtype=self.dtype)
         mine = self.local.read_async(torch.from_numpy(uniq[lo:hi] - self._start)) if hi > lo else None
         want = np.concatenate([uniq[:lo], uniq[hi:]])
         counts = np.bincount(owner, minlength=world).astype(np.int64)
@@ -258,18 +331,42 @@ class RowExchange(FeatureStore):
                                                                inverse - lo + want.size))
         # torch's advanced indexing of uint8 rows took 20 ms for 20,000 ids of 512 B where this takes 1 ms
         result = gather(rows, torch.from_numpy(inverse)).view(self.dtype).view(ids.size, *self.row_shape)
+        self._count(ids, uniq.size, hi - lo, want.size, asked.numel(), t0)
+        return result
+
+    def _agree(self, number):
+        """The first round's first step: every rank's table (:func:`_describe`) to every other, the same size
+        from each; one :class:`ExchangeError` on every rank where they differ, latched as any other."""
+        world = self.world_size
+        mine = _describe(self.dtype, self.row_shape, self.bounds)
+        try:
+            every = self._step(number, "check", torch.from_numpy(np.tile(mine, world)), [mine.size] * world,
+                               [mine.size] * world)
+        except ExchangeError as exc:
+            self._error = self._error or exc
+            raise
+        said = _disagreement(every.view(world, mine.size).numpy())
+        if said is not None:
+            self._error = ExchangeError(f"rank {self.rank} of {world}: the ranks' tables differ: {said}")
+            raise self._error
+        self._agreed = True
+
+    def _count(self, ids, distinct, local, received, sent, t0):
+        """One round in the counters: ``ids`` asked, ``distinct`` of them, ``local`` of those this rank's own,
+        ``received`` rows from peers and ``sent`` to them (with the counts and ids steps where rows moved)."""
+        world, rnb = self.world_size, self.row_nbytes
+        steps = 8 * (world - 1) if rnb else 0
         with self._lock:
             s = self._stats
             s["rounds"] += 1
             s["rows_asked"] += ids.size - int(((ids >= self._start) & (ids < self._end)).sum())
-            s["rows_received"] += want.size
-            s["duplicates_saved"] += ids.size - uniq.size
-            s["local_rows"] += hi - lo
-            s["rows_sent"] += asked.numel()
-            s["bytes_sent"] += 8 * (world - 1) + 8 * want.size + rnb * asked.numel()
-            s["bytes_received"] += 8 * (world - 1) + 8 * asked.numel() + rnb * want.size
+            s["rows_received"] += received
+            s["duplicates_saved"] += ids.size - distinct
+            s["local_rows"] += local
+            s["rows_sent"] += sent
+            s["bytes_sent"] += steps + 8 * received + rnb * sent
+            s["bytes_received"] += steps + 8 * sent + rnb * received
             s["seconds"] += time.perf_counter() - t0
-        return result
 
     def _serve(self, asked):
         """The rows peers asked this rank for (global ids), as bytes ``[len, row_nbytes]``."""

@@ -3,8 +3,9 @@
 Every rank builds the same tables (seeded), keeps its partition in a local store and reads batches through
 ``PartitionedStore(local, RowExchange(local, bounds), bounds)``; what it saw goes to stdout as one JSON line,
 the last.  Scenarios: ``reads`` (every case below, checked against the table), ``kill`` (read, say "ready",
-then rank 0 reads once the test has killed rank 1) and ``silent`` (rank 1 raises on bad ids and stops
-reading; rank 0's next read must time out).
+then rank 0 reads once the test has killed rank 1), ``silent`` (rank 1 raises on bad ids and stops
+reading; rank 0's next read must time out), ``zero`` (rows of 0 bytes) and the tables of :data:`DISAGREE`
+(ranks that hold different tables: each must raise one ``ExchangeError``).
 """
 
 import json
@@ -29,10 +30,22 @@ CASES = {
 }
 
 
+#: scenario: {rank: (dtype, row shape, partition sizes)} where a rank's table differs from the others'
+#: (float32 rows of (100,), 10 rows split evenly)
+DISAGREE = {"dtype": {1: (torch.int32, (100,), None)}, "width": {1: (torch.float64, (100,), None)},
+            "shape": {1: (torch.float32, (10, 10), None)}, "length": {1: (torch.float32, (99,), None)},
+            "empty": {1: (torch.float32, (100, 0), None)}, "bounds": {1: (torch.float32, (100,), [4, 6])},
+            "third": {2: (torch.float64, (100,), None)},
+            "several": {1: (torch.int32, (100,), None), 2: (torch.int32, (100,), None),
+                        3: (torch.float32, (2, 50), None)}}
+
+
 def table_of(rows, shape, dtype):
     """The same random bits on every rank."""
     g = torch.Generator().manual_seed(rows)
     size = torch.empty(0, dtype=dtype).element_size()
+    if 0 in shape:
+        return torch.empty((rows, *shape), dtype=dtype)
     bits = torch.randint(0, 256, (rows, int(np.prod(shape, dtype=np.int64)) * size), dtype=torch.uint8, generator=g)
     return bits.view(dtype).view(rows, *shape)
 
@@ -179,13 +192,60 @@ def run_failure(rank, world, scenario, work):
     return report
 
 
+def run_disagree(rank, world, scenario):
+    """Read twice from a table whose dtype, row shape or bounds differ on some rank: every rank must raise the
+    same ``ExchangeError`` both times, with no collective left waiting."""
+    n = 10
+    dtype, shape, parts = DISAGREE[scenario].get(rank, (torch.float32, (100,), None))
+    bounds = partition_bounds(n, world) if parts is None else np.concatenate([[0], np.cumsum(parts)])
+    lo, hi = int(bounds[rank]), int(bounds[rank + 1])
+    exchange = RowExchange(TensorStore(table_of(n, shape, dtype)[lo:hi].clone()), bounds, timeout=60, own=True)
+    report = {"failures": []}
+    for key in ("error", "again"):
+        try:
+            got = exchange.read(torch.arange(n))
+            report["failures"].append(f"read {got.dtype} {tuple(got.shape)}: {got.view(-1)[:3].tolist()}")
+        except ExchangeError as exc:
+            report[key] = str(exc)
+    exchange.close()
+    return report
+
+
+def run_zero(rank, world):
+    """Rows of 0 bytes (a row shape with a 0 in it) read as the right empty rows, through a PartitionedStore
+    and the exchange alone, and keep the ranks in step for a table of real rows after them."""
+    failures = []
+    for n, shape, dtype in ((7, (0,), torch.float32), (5, (3, 0), torch.float64), (40, (6,), torch.int16)):
+        table = table_of(n, shape, dtype)
+        bounds = partition_bounds(n, world)
+        lo, hi = int(bounds[rank]), int(bounds[rank + 1])
+        local = TensorStore(table[lo:hi].clone())
+        exchange = RowExchange(local, bounds, timeout=30)
+        store = PartitionedStore(local, exchange, bounds, part=rank, own=True)
+        for target in (store, exchange, store):
+            ids = torch.tensor([n - 1, 0, 0, n // 2, rank % n])
+            got = target.read(ids)
+            if not same_bits(got, table[ids]):
+                failures.append(f"{dtype} {shape}: read {got.dtype} {tuple(got.shape)}")
+        store.close()
+        exchange.close()
+    return {"failures": failures}
+
+
 def main():
     rank, world, port, scenario, work = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=30))
-    report = run_reads(rank, world, work) if scenario == "reads" else run_failure(rank, world, scenario, work)
-    print(json.dumps(report), flush=True)
     if scenario == "reads":
+        report = run_reads(rank, world, work)
+    elif scenario in DISAGREE:
+        report = run_disagree(rank, world, scenario)
+    elif scenario == "zero":
+        report = run_zero(rank, world)
+    else:
+        report = run_failure(rank, world, scenario, work)
+    print(json.dumps(report), flush=True)
+    if scenario != "kill" and scenario != "silent":
         dist.destroy_process_group()
 
 

@@ -82,7 +82,8 @@ def test_a_killed_peer_raises_exchange_error_on_the_survivor_within_the_timeout(
                 p.kill()
                 p.wait(timeout=10)
     assert report["failures"] == []
-    assert report["seconds"] < 5 + 2 and report["again_seconds"] < 1 and report["close_seconds"] < 5 + 2
+    # within its timeout (5 s; a loaded machine gets thrice that), never a hang; refused again without a step
+    assert report["seconds"] < 3 * 5 and report["again_seconds"] < 5 and report["close_seconds"] < 3 * 5
     assert report["error"].startswith("rank 0 of 2: exchange round 4 failed at its ") and "\n" not in report["error"]
     assert report["again"] == report["error"]
 
@@ -90,7 +91,7 @@ def test_a_killed_peer_raises_exchange_error_on_the_survivor_within_the_timeout(
 def test_a_peer_that_refused_its_ids_leaves_the_other_waiting_until_the_timeout(tmp_path):
     rank0, rank1 = _finish(_start(2, "silent", tmp_path), timeout=60)
     assert rank0["failures"] == rank1["failures"] == []
-    assert 1.5 < rank0["seconds"] < 2 + 2
+    assert 1.5 < rank0["seconds"] < 3 * 2  # its timeout, 2 s (a loaded machine gets thrice that)
     assert "exchange round 4 failed at its counts step" in rank0["error"] and "timeout 2 s" in rank0["error"]
 
 
@@ -180,22 +181,54 @@ def test_it_is_the_remote_of_a_partitioned_store_with_a_given_group(one_rank):
 
 def test_a_failed_round_refuses_every_later_read_with_the_same_error(one_rank, monkeypatch):
     ex = RowExchange(TensorStore(torch.zeros(6, 3)), [0, 6], timeout=5)
+    ex.read([0])  # round 1: the ranks agree on the table
 
     def broken(*args, **kwargs):
         raise RuntimeError("Connection reset by peer\nmore detail")
 
     monkeypatch.setattr(dist, "all_to_all_single", broken)
-    with pytest.raises(ExchangeError, match=r"^rank 0 of 1: exchange round 1 failed at its counts step "
+    with pytest.raises(ExchangeError, match=r"^rank 0 of 1: exchange round 2 failed at its counts step "
                                             r"\(Connection reset by peer\): a peer died") as first:
         ex.read([1])
     assert "more detail" not in str(first.value) and isinstance(first.value.__cause__, RuntimeError)
-    with pytest.raises(ExchangeError, match="exchange round 1 failed") as again:
+    with pytest.raises(ExchangeError, match="exchange round 2 failed") as again:
         ex.read_async([2])  # refused at once, on the caller
     assert str(again.value) == str(first.value)
     assert "failed" in repr(ex)
     t0 = time.monotonic()
     ex.close()
     assert time.monotonic() - t0 < 5
+
+
+def test_the_first_round_checks_the_table_and_a_failed_check_is_latched(one_rank, monkeypatch):
+    ex = RowExchange(TensorStore(torch.zeros(6, 3)), [0, 6], timeout=5)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("Connection reset by peer")
+
+    monkeypatch.setattr(dist, "all_to_all_single", broken)
+    with pytest.raises(ExchangeError, match=r"^rank 0 of 1: exchange round 1 failed at its check step "):
+        ex.read([])
+    with pytest.raises(ExchangeError, match="exchange round 1 failed at its check step"):
+        ex.read([1])
+    ex.close()
+
+
+def test_many_ranks_and_long_bounds_and_shapes_are_said_in_one_short_line():
+    from directload.stores.exchange import _describe, _disagreement
+
+    bounds = partition_bounds(100, 12)
+    same = _describe(torch.float16, (2,) * 20, bounds)
+    described = np.stack([same] + [_describe(torch.float16, (2,) * 19, bounds)] * 10 + [same])
+    said = _disagreement(described)
+    assert said.startswith("ranks 1, 2, 3, 4, 5, 6, 7, 8 ... (10 ranks) have float16 rows of (2, 2, ")
+    assert ", ... 19 dims), ranks 0, 11 float16 rows of (" in said and ", ... 20 dims); give every" in said
+    other = partition_bounds(100, 12)[::-1].copy()
+    described = np.stack([same] * 11 + [_describe(torch.float16, (2,) * 20, other)])
+    assert _disagreement(described) == ("rank 11 has bounds [100, 92, 84, 76, ..., 9, 0], ranks 0, 1, 2, 3, 4, 5, 6, "
+                                        "7 ... (11 ranks) bounds [0, 9, 18, 27, ..., 92, 100]; give every rank the "
+                                        "same bounds")
+    assert _disagreement(np.stack([same] * 12)) is None
 
 
 def test_a_forked_child_refuses_to_read_instead_of_hanging(one_rank):
@@ -217,3 +250,33 @@ def test_a_forked_child_refuses_to_read_instead_of_hanging(one_rank):
     assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0
     assert torch.equal(ex.read([2]), torch.zeros(1, 3))  # the parent reads on
     ex.close()
+
+
+ADVICE = {"rows": "give every rank's store the same dtype and row shape", "bounds": "give every rank the same bounds"}
+
+
+@pytest.mark.parametrize("scenario,world,detail,advice", [
+    ("dtype", 2, "rank 1 has int32 rows of (100,), rank 0 float32 rows of (100,)", "rows"),
+    ("width", 2, "rank 1 has float64 rows of (100,), rank 0 float32 rows of (100,)", "rows"),
+    ("shape", 2, "rank 1 has float32 rows of (10, 10), rank 0 float32 rows of (100,)", "rows"),
+    ("length", 2, "rank 1 has float32 rows of (99,), rank 0 float32 rows of (100,)", "rows"),
+    ("empty", 2, "rank 1 has float32 rows of (100, 0), rank 0 float32 rows of (100,)", "rows"),
+    ("bounds", 2, "rank 1 has bounds [0, 4, 10], rank 0 bounds [0, 5, 10]", "bounds"),
+    ("third", 3, "rank 2 has float64 rows of (100,), ranks 0, 1 float32 rows of (100,)", "rows"),
+    ("several", 4, "ranks 1, 2 have int32 rows of (100,), rank 3 float32 rows of (2, 50), rank 0 float32 rows of "
+                   "(100,)", "rows")])
+def test_ranks_holding_different_tables_each_raise_one_error_naming_them(tmp_path, scenario, world, detail, advice):
+    """Not bytes of one dtype read as another, nor gloo aborting on sizes that differ: the first read checks
+    that every rank holds the same table, and every rank raises the same error, then and on every later read."""
+    reports = _finish(_start(world, scenario, tmp_path))
+    for rank, report in enumerate(reports):
+        assert report["failures"] == [], f"rank {rank}"
+        assert report["error"] == f"rank {rank} of {world}: the ranks' tables differ: {detail}; {ADVICE[advice]}"
+        assert report["again"] == report["error"]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_rows_of_zero_bytes_read_as_empty_rows_of_their_shape(tmp_path, world):
+    """As a TensorStore reads them: ``[len(ids), *row_shape]`` of the dtype, nothing exchanged."""
+    reports = _finish(_start(world, "zero", tmp_path))
+    assert [r["failures"] for r in reports] == [[]] * world
