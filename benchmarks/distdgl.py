@@ -83,11 +83,12 @@ def main():
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="what to run")
     args = p.parse_args()
     from directload.harness.train_dist import run  # needs DGL: after --help, which works in every lane
+    from directload.loaders.dgl.distributed import read_partitions
 
     if not dataset_exists(args.root, args.dataset):
         synthesize(args.root, args.dataset)
     configs = {"memory": _partition(args, "memory"), "disk": _partition(args, "disk")}
-    meta = json.loads((configs["disk"].parent / "directload-partitions.json").read_text())
+    meta = read_partitions(configs["disk"])  # checked: the record belongs to this config
     part_bytes = max(np.diff(meta["bounds"])) * meta["num_feats"] * 4
     results = {m: [] for m in args.modes}
     with tqdm(total=args.seeds * len(args.modes), desc="distdgl runs") as bar:

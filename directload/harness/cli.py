@@ -168,6 +168,7 @@ def _partition(args):
 
 def _train_dist(args, models, loaders):
     """``train --dist N``: N DistDGL machines on this host, one server and one trainer each."""
+    from directload.capabilities import require
     from directload.datasets import PRESETS, dataset_exists, synthesize
 
     if args.framework != "dgl":
@@ -180,24 +181,25 @@ def _train_dist(args, models, loaders):
         if given:
             raise ValueError(f"--dist does not take {flag}")
     from directload.harness.dist import check_host
-
-    check_host()  # before any work: root, unshare and ip
     from directload.harness.train import resolve_depth
-    from directload.harness.train_dist import run
-    from directload.loaders.dgl.distributed import read_partitions
 
     layers, fanouts = resolve_depth(args.layers, args.fanouts)
     kind = "memory" if args.features == "memory" else "disk"
     if "dgl" in loaders and kind != "memory":
         raise ValueError("DGL's own fetch reads the features its servers hold: --loader dgl (or both) needs "
                          "--features memory")
-    if args.dataset in PRESETS and not dataset_exists(args.root, args.dataset):
-        synthesize(args.root, args.dataset, progress=not args.no_progress)
     config = partition_dir(args.root, args.dataset, args.dist, kind) / f"{args.dataset}.json"
     if not config.exists():
         raise FileNotFoundError(f"{config} does not exist: partition first with `directload dataset partition "
                                 f"--name {args.dataset} --parts {args.dist} --features {kind}`")
-    read_partitions(config)
+    require("dgl")
+    from directload.harness.train_dist import run
+    from directload.loaders.dgl.distributed import read_partitions
+
+    config = read_partitions(config)["config"]  # before any work: one partitioning, this generation from here
+    check_host()  # root, unshare and ip
+    if args.dataset in PRESETS and not dataset_exists(args.root, args.dataset):
+        synthesize(args.root, args.dataset, progress=not args.no_progress)
     report = {"dataset": args.dataset, "machines": args.dist, "features": args.features, "runs": []}
     for seed in range(args.seeds):
         for loader in loaders:
@@ -341,8 +343,10 @@ def add_train_arguments(p):
     p.add_argument("--nproc", type=_positive_int, default=1,
                    help="DDP ranks on this node, one process each, started through torchrun's launcher (gloo on "
                         "the CPU, NCCL with one GPU per rank); each rank trains on its share of the seeds, split as "
-                        "the framework does, and rank 0 writes the report with every rank's epochs.  Under torchrun "
-                        "leave it out: torchrun's --nproc-per-node starts the ranks")
+                        "the framework does, and rank 0 writes the report with every rank's epochs.  At most what "
+                        "the node can run, refused before any work: 4 ranks per usable CPU core (on GPUs one per "
+                        "GPU), 512 MiB of available memory per rank, and 256.  Under torchrun leave it out: "
+                        "torchrun's --nproc-per-node starts the ranks")
     p.add_argument("--memory-limit", type=_memory_limit, default=None,
                    help="cap the training's host memory (its pages and the page cache it fills) with a memory "
                         "cgroup, e.g. 1.5G; needs root.  The feature files' cached pages are dropped first; the "
@@ -375,11 +379,12 @@ def report_name(prefix, dataset, models, loaders):
     return f"{prefix}_{dataset}_{'+'.join(models)}_{'-vs-'.join(loaders)}"
 
 
-def run_training(args, models, loaders, seeds, name):
+def run_training(args, models, loaders, seeds, name, conditions=None):
     """Load (generating if needed) the dataset, train side by side, print and write the report.
 
     With ``args.memory_limit`` the training runs in a child inside a memory cgroup: ``args.rerun`` (the
-    argv that ran this) is started again there, and this process waits for it."""
+    argv that ran this) is started again there, and this process waits for it.  ``conditions`` (see
+    :func:`~directload.harness.experiments.compare`) runs each seed under each, interleaved."""
     import torch
 
     from directload.capabilities import capabilities, require, usable_device
@@ -400,6 +405,8 @@ def run_training(args, models, loaders, seeds, name):
         if getattr(args, "memory_limit", None) is not None and capped is None:
             raise ValueError("--memory-limit under torchrun would cap each rank alone: run torchrun itself in a "
                              "memory cgroup, or start the ranks with --nproc")
+    if nproc > 1:
+        ddp.check_nproc(nproc, device)  # before any work: no more ranks than this node can run
     layers, fanouts = resolve_depth(args.layers, args.fanouts)
     check_name(args.dataset)
     limit = getattr(args, "memory_limit", None)
@@ -446,17 +453,21 @@ def run_training(args, models, loaders, seeds, name):
                        budget_name=getattr(args, "budget_name", "directload"),
                        shared_hot=getattr(args, "shared_hot", 0),
                        partitioned=getattr(args, "partition_features", False))
-    rows = compare(dataset, base, models=models, loaders=loaders, seeds=seeds, progress=not args.no_progress)
+    rows = compare(dataset, base, models=models, loaders=loaders, seeds=seeds, progress=not args.no_progress,
+                   conditions=conditions)
     if rank != 0:
-        return 0  # rank 0 reports for the job
+        ddp.finish()  # rank 0 reports for the job: wait for it, then end with it (never returns)
     meta = {"dataset": args.dataset, "framework": args.framework, "device": str(device), "nodes": dataset.num_nodes,
             "edges": dataset.num_edges, "feats": int(dataset.feat.shape[1]), "epochs": args.epochs,
             "torch_threads": torch.get_num_threads(), "capabilities": capabilities().as_dict(),
             "features": features, "memory_limit": limit, "nproc": size,
-            "feature_file_bytes": sum(os.path.getsize(f) for f in files)}
+            "feature_file_bytes": sum(os.path.getsize(f) for f in files),
+            **({"conditions": [c for c, _ in conditions]} if conditions else {})}
     path, summary = write_report(rows, args.out or _default_out(), name, meta)
     print_summary(summary, meta)
     print(f"wrote {path} and {path.with_suffix('.png')}")
+    if size > 1:
+        ddp.finish()  # the report is written: every rank ends now, together (never returns)
     return 0
 
 

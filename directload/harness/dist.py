@@ -5,28 +5,43 @@ other's partitions; and a trainer finds its machine by the first address of ``ip
 interfaces, so on loopback every trainer believes it is on machine 0.  Here each machine gets what a real
 one has: a network namespace with one address on a private bridge (``10.200.0.{i+1}``, reachable only from
 the other machines of this run) and a mount namespace whose ``/dev/shm`` is a tmpfs of its own.  Both go
-away with the machine's processes, so a run, even a killed one, leaves nothing in the host's ``/dev/shm``;
-the bridge is named after the launcher's pid and a later launch removes a dead launcher's.
+away with the machine's processes, so a run, even a killed one, leaves nothing in the host's ``/dev/shm``.
+
+What a run makes on the host is named after its launcher's pid: the bridge ``dlb<pid>`` and each machine's
+link, ``dlh<pid>m<i>`` on the host (its peer ``dln<pid>m<i>`` inside the machine), each labelled with the
+launcher's pid and start time (the link's alias).  The launcher deletes them itself however the run ends (the
+machines done, a machine failed, a timeout, SIGINT, SIGTERM or SIGHUP): a machine's namespace can outlive its
+processes by minutes (sockets still closing), and its link with it, so waiting for it to go is not enough.  A
+launcher killed outright (SIGKILL) cannot; the next launch removes what a launcher that is no longer running
+made, and nothing else.
 
 Needs root, ``unshare`` and ``ip`` (iproute2): :class:`DistLaunchError` says which is missing.
 """
 
+import contextlib
 import ctypes
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
-__all__ = ["DistLaunchError", "MachineFailed", "check_host", "launch_machines", "machine_main", "SUBNET"]
+__all__ = ["DistLaunchError", "MachineFailed", "check_host", "launch_machines", "machine_main", "SUBNET", "link_names",
+           "links_of", "sweep_links"]
 
 SUBNET = "10.200.0"
-_BRIDGE = re.compile(r"^dlb(\d+)$")
+#: The host's links a launcher makes: its bridge ``dlb<pid>`` and each machine's ``dlh<pid>m<i>``.
+_OURS = re.compile(r"dl[bh]([0-9]{1,7})(?:m[0-9]{1,4})?")
+_ALIAS = "directload-dist launcher"
+_STEP_TIMEOUT = 60.0  # seconds for one `ip` command or one machine to come up: each takes milliseconds
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class DistLaunchError(RuntimeError):
@@ -38,7 +53,10 @@ class MachineFailed(RuntimeError):
 
 
 def _run(cmd, what):
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_STEP_TIMEOUT)
+    except subprocess.TimeoutExpired as exc:
+        raise DistLaunchError(f"{what} did not finish within {_STEP_TIMEOUT:.0f} s: {' '.join(cmd)}") from exc
     if proc.returncode:
         raise DistLaunchError(f"{what} failed: {' '.join(cmd)}: {proc.stderr.strip()[-300:]}")
     return proc.stdout
@@ -56,14 +74,70 @@ def check_host():
                                   "(util-linux, iproute2)")
 
 
-def _sweep_bridges():
-    """Remove the bridges of launchers that died (their machines' namespaces died with them)."""
-    out = subprocess.run(["ip", "-o", "link", "show", "type", "bridge"], capture_output=True, text=True).stdout
-    for line in out.splitlines():
-        name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
-        m = _BRIDGE.match(name)
-        if m and not Path(f"/proc/{m.group(1)}").exists():
-            subprocess.run(["ip", "link", "del", name], capture_output=True)
+def link_names(pid, n):
+    """``(bridge, [host end of each machine's link])``: the names launcher ``pid`` gives what it makes on the
+    host for ``n`` machines (at most 15 characters, Linux's limit).
+
+    Examples
+    --------
+    >>> link_names(4194304, 2)
+    ('dlb4194304', ['dlh4194304m0', 'dlh4194304m1'])
+    """
+    return f"dlb{pid}", [f"dlh{pid}m{i}" for i in range(n)]
+
+
+def _start_time(pid):
+    """The start time of process ``pid`` (clock ticks since boot, ``/proc/<pid>/stat``), None if none runs."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _label(pid):
+    return f"{_ALIAS} {pid} {_start_time(pid)}"
+
+
+def _host_links():
+    """``{name: alias or None}`` of the host's links."""
+    out = subprocess.run(["ip", "-j", "link", "show"], capture_output=True, text=True, timeout=_STEP_TIMEOUT).stdout
+    try:
+        return {link["ifname"]: link.get("ifalias") for link in json.loads(out or "[]")}
+    except (ValueError, KeyError, TypeError):
+        return {}
+
+
+def links_of(pid):
+    """The links launcher ``pid`` made that are on the host now (its bridge and machines' links), by name."""
+    return sorted(name for name in _host_links() if (m := _OURS.fullmatch(name)) and int(m.group(1)) == pid)
+
+
+def _launcher_gone(name, alias):
+    """Whether the link ``name`` (one of ours by name) was made by a launcher that no longer runs.  The alias
+    says which (pid and start time, so a pid reused since is told apart); a link without one (an older
+    directload's, or one killed before labelling it) goes by the pid in its name.  A link labelled by
+    anything else is not ours."""
+    if alias:
+        parts = alias.rsplit(" ", 2)
+        if parts[0] != _ALIAS or len(parts) != 3 or not parts[1].isdigit():
+            return False
+        return str(_start_time(int(parts[1]))) != parts[2]
+    return _start_time(int(_OURS.fullmatch(name).group(1))) is None
+
+
+def sweep_links():
+    """Delete the bridges and links of launchers that no longer run; returns their names.  Deleting the host
+    end of a machine's link deletes its peer inside the machine too."""
+    gone = [name for name, alias in _host_links().items() if _OURS.fullmatch(name) and _launcher_gone(name, alias)]
+    for name in gone:
+        _delete_link(name)
+    return gone
+
+
+def _delete_link(name):
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        subprocess.run(["ip", "link", "del", name], capture_output=True, timeout=_STEP_TIMEOUT)
 
 
 def _die_with_parent():
@@ -75,41 +149,94 @@ def launch_machines(n, command, *, workdir, timeout=900.0, env=None):
     """Run ``n`` machines and wait for them; each runs ``command`` (a list; ``{machine}`` in it is the
     machine's index) through :func:`machine_main` inside its namespaces.  Returns the machines' exit codes
     (all 0), or raises :class:`MachineFailed` naming the first machine that failed, after stopping the
-    others, or :class:`DistLaunchError` when the host cannot do it."""
+    others, or :class:`DistLaunchError` when the host cannot do it.  However it ends, the machines are
+    stopped and the bridge and links it made are deleted before it returns or raises; SIGTERM and SIGHUP
+    end it as SIGINT does (``SystemExit`` with 128 + the signal's number, after the same clean-up)."""
     check_host()
-    _sweep_bridges()
+    sweep_links()
     # the machines share this host's cores: each gets its part, as it would have its own on a real machine
     # (OpenMP teams of every core in every machine's processes spin against each other)
     env = dict(os.environ if env is None else env)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // (2 * n))))
-    bridge = f"dlb{os.getpid()}"
-    _run(["ip", "link", "add", bridge, "type", "bridge"], "making the machines' bridge")
-    procs = []
+    bridge, host_ends = link_names(os.getpid(), n)
+    procs, made = [], []
+    with _stopped_by_signals():
+        try:
+            made.append(bridge)  # before it exists: a signal between the two must not leave it
+            _run(["ip", "link", "add", bridge, "type", "bridge"], "making the machines' bridge")
+            _run(["ip", "link", "set", bridge, "alias", _label(os.getpid()), "up"], "starting the bridge")
+            for i in range(n):
+                procs.append(_start_machine(i, command, workdir, env))
+                _connect(procs[-1], i, bridge, host_ends[i], made)
+            return _wait_all(procs, timeout)
+        finally:
+            with _signals_held():  # a second signal must not cut the clean-up short
+                _stop(procs)
+                for name in reversed(made):
+                    _delete_link(name)
+
+
+def _start_machine(i, command, workdir, env):
+    argv = [a.replace("{machine}", str(i)) for a in command]
+    proc = subprocess.Popen(["unshare", "--net", "--mount", "--propagation", "private", sys.executable, "-m",
+                             "directload.harness.dist", str(i), *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, cwd=workdir, env=env, preexec_fn=_die_with_parent)
+    ready, _, _ = select.select([proc.stdout], [], [], _STEP_TIMEOUT)
+    if not ready or proc.stdout.readline().strip() != "ready":
+        proc.kill()
+        proc.wait()
+        raise DistLaunchError(f"machine {i} could not start in its own namespaces (unshare refused?)")
+    return proc
+
+
+def _connect(proc, i, bridge, host_end, made):
+    """Give machine ``i`` its link: ``host_end`` on the bridge, its peer moved into the machine."""
+    ns_end = "dln" + host_end[3:]
+    made.append(host_end)
+    _run(["ip", "link", "add", host_end, "type", "veth", "peer", "name", ns_end], "making a machine's link")
+    _run(["ip", "link", "set", host_end, "alias", _label(os.getpid())], "labelling a machine's link")
+    _run(["ip", "link", "set", ns_end, "netns", str(proc.pid)], "moving a link into a machine")
+    _run(["ip", "link", "set", host_end, "master", bridge], "attaching a machine to the bridge")
+    _run(["ip", "link", "set", host_end, "up"], "starting a machine's link")
+    proc.stdin.write(f"{ns_end}\n")
+    proc.stdin.flush()
+
+
+def _stop(procs):
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()  # its server and trainer die with it (PR_SET_PDEATHSIG)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=_STEP_TIMEOUT)
+
+
+def _raise_stop(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def _stopped_by_signals():
+    """SIGTERM and SIGHUP raise ``SystemExit`` (SIGINT raises ``KeyboardInterrupt``) for the block, so its
+    clean-up runs; where this is not the main thread (only it may set handlers) the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        _run(["ip", "link", "set", bridge, "up"], "starting the bridge")
-        for i in range(n):
-            argv = [a.replace("{machine}", str(i)) for a in command]
-            proc = subprocess.Popen(["unshare", "--net", "--mount", "--propagation", "private", sys.executable,
-                                     "-m", "directload.harness.dist", str(i), *argv],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=workdir,
-                                    env=env, preexec_fn=_die_with_parent)
-            procs.append(proc)
-            if proc.stdout.readline().strip() != "ready":
-                raise DistLaunchError(f"machine {i} could not start in its own namespaces (unshare refused?)")
-            host_end, ns_end = f"dlh{os.getpid() % 100000}m{i}", f"dln{os.getpid() % 100000}m{i}"
-            _run(["ip", "link", "add", host_end, "type", "veth", "peer", "name", ns_end], "making a machine's link")
-            _run(["ip", "link", "set", ns_end, "netns", str(proc.pid)], "moving a link into a machine")
-            _run(["ip", "link", "set", host_end, "master", bridge], "attaching a machine to the bridge")
-            _run(["ip", "link", "set", host_end, "up"], "starting a machine's link")
-            proc.stdin.write(f"{ns_end}\n")
-            proc.stdin.flush()
-        return _wait_all(procs, timeout)
+        yield
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """The stop signals wait (blocked) until the block ends, then arrive as they would have."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _wait_all(procs, timeout):

@@ -106,8 +106,9 @@ def trainer_main(s, machine):
         s["_orig_nids"], s["_num_nodes"] = np.load(Path(s["config"]).parent / "orig_nids.npy"), ds.num_nodes
         orig = (host_of(ds.feat),
                 np.unique(ds.edge_index[0].numpy() * ds.num_nodes + ds.edge_index[1].numpy()))
+    num_feats, num_classes = _sizes(meta, g)
     model = torch.nn.parallel.DistributedDataParallel(
-        SAGE(meta["num_feats"], s["hidden"], meta["num_classes"], len(s["fanouts"]), 0.5))
+        SAGE(num_feats, s["hidden"], num_classes, len(s["fanouts"]), 0.5))
     opt = torch.optim.Adam(model.parameters(), lr=s["lr"])
     sampler = dgl.dataloading.NeighborSampler(s["fanouts"])
     epochs = []
@@ -126,6 +127,15 @@ def trainer_main(s, machine):
     store.close()
     torch.distributed.destroy_process_group()
     dgl.distributed.exit_client()
+
+
+def _sizes(meta, g):
+    """Feature width and classes: from directload's record, or, for partitions DGL wrote alone, from the graph
+    (every label is read once, as DGL's own example does)."""
+    if meta["num_feats"] is not None:
+        return meta["num_feats"], meta["num_classes"]
+    labels = g.ndata["label"][torch.arange(g.num_nodes())]
+    return int(g.ndata["feat"].shape[1]), int(labels.max()) + 1
 
 
 class _DGLFetch:
@@ -205,15 +215,17 @@ if __name__ == "__main__":
 def run(config, *, root, dataset, epochs=1, fanouts=(10, 5), batch_size=512, hidden=64, lr=3e-3, seed=0,
         host_bytes=0, verify=False, fetch="directload", timeout=600.0):
     """Train on the partitions at ``config`` with one machine per partition on this host
-    (:func:`directload.harness.dist.launch_machines`); the trainers' results, in machine order."""
+    (:func:`directload.harness.dist.launch_machines`); the trainers' results, in machine order.  Every machine
+    is handed the generation ``config`` names when the run starts, so none reads another.
+    ``PartitionMismatchError`` before any work for a set that is not one partitioning."""
     from directload.loaders.dgl.distributed import read_partitions
 
     from .dist import SUBNET, MachineFailed, launch_machines, read_results, run_dir, write_ip_config
 
-    meta = read_partitions(config)
+    meta = read_partitions(config)  # checked, before any work; its config is out's generation, resolved
     n = meta["parts"]
     where = run_dir()
-    s = {"config": str(Path(config).resolve()), "machines": n, "ip_config": str(write_ip_config(n, 30050, where)),
+    s = {"config": str(meta["config"]), "machines": n, "ip_config": str(write_ip_config(n, 30050, where)),
          "master": f"{SUBNET}.1", "gloo_port": 29500, "timeout": timeout, "seed": seed, "epochs": epochs,
          "fanouts": list(fanouts), "batch_size": batch_size, "hidden": hidden, "lr": lr, "host_bytes": host_bytes,
          "verify": verify, "fetch": fetch, "root": str(Path(root).resolve()), "dataset": dataset, "run_dir": str(where)}
@@ -223,6 +235,9 @@ def run(config, *, root, dataset, epochs=1, fanouts=(10, 5), batch_size=512, hid
                             "{machine}"], workdir=where, timeout=timeout)
     except MachineFailed as exc:  # the logs stay for the person who reads the error
         raise MachineFailed(f"{exc} (the machines' logs are in {where})") from None
+    except BaseException:  # stopped (a signal) or never started: nothing to read
+        shutil.rmtree(where, ignore_errors=True)
+        raise
     results = read_results(where, n)
     shutil.rmtree(where, ignore_errors=True)
     return results

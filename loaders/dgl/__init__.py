@@ -8,6 +8,7 @@ from directload.capabilities import require
 require("dgl")
 
 from ..pipeline import Epoch, resolve_overlap, resolve_sampling  # noqa: E402
-from .dataloader import DataLoader, check_indices  # noqa: E402
+from .dataloader import DataLoader, SeedTypeError, UVAUnavailableError, check_indices  # noqa: E402
 
-__all__ = ["DataLoader", "Epoch", "check_indices", "resolve_sampling", "resolve_overlap"]
+__all__ = ["DataLoader", "Epoch", "check_indices", "resolve_sampling", "resolve_overlap", "UVAUnavailableError",
+           "SeedTypeError"]

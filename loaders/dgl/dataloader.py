@@ -20,7 +20,30 @@ from ..pipeline import (
 )
 from .batches import DGLBatches, FeatureSource
 
-__all__ = ["DataLoader", "check_indices"]
+__all__ = ["DataLoader", "check_indices", "UVAUnavailableError", "SeedTypeError"]
+
+
+class UVAUnavailableError(NoDeviceError, dgl.DGLError):
+    """``use_uva=True`` on a machine without a usable CUDA device.  DGL raises ``dgl.DGLError`` for it, so
+    this is one (code that catches DGL's errors catches it) and directload's
+    :class:`~directload.capabilities.NoDeviceError` too.
+
+    Examples
+    --------
+    >>> issubclass(UVAUnavailableError, dgl.DGLError) and issubclass(UVAUnavailableError, NoDeviceError)
+    True
+    """
+
+
+class SeedTypeError(TypeError, dgl.DGLError):
+    """Seed ids DGL's samplers cannot take: not integers, or not a dict ``{type: ids}`` on a graph with several
+    types.  DGL raises ``dgl.DGLError`` for them (when it samples); this is one, and a ``TypeError``.
+
+    Examples
+    --------
+    >>> issubclass(SeedTypeError, dgl.DGLError) and issubclass(SeedTypeError, TypeError)
+    True
+    """
 
 
 def _seed_kind(sampler):
@@ -34,7 +57,8 @@ def _seed_kind(sampler):
 
 
 def check_indices(graph, indices, sampler):
-    """Raise ``IndexError`` (or ``TypeError``) for seed ids outside the graph, before DGL samples.
+    """Raise ``IndexError`` for seed ids outside the graph, or :class:`SeedTypeError` for ids that are not
+    integers (or not a dict on a graph with several types), before DGL samples.
 
     DGL's samplers abort the process (``c10::Error``) or crash (SIGSEGV) on an
     id out of range; this checks node ids of node-wise samplers and edge ids
@@ -50,7 +74,7 @@ def check_indices(graph, indices, sampler):
     elif len(types) == 1:
         items = [(types[0], indices)]
     else:
-        raise TypeError(f"this graph has several {'node' if kind == 'nodes' else 'edge'} types: pass the seed "
+        raise SeedTypeError(f"this graph has several {'node' if kind == 'nodes' else 'edge'} types: pass the seed "
                         "ids as a dict {type: ids}")
     for t, ids in items:
         if not torch.is_tensor(ids):
@@ -59,7 +83,7 @@ def check_indices(graph, indices, sampler):
             except (TypeError, ValueError, RuntimeError):
                 continue  # left to DGL, which says what it accepts
         if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-            raise TypeError(f"seed ids must be integers, got {ids.dtype} (a boolean mask? pass mask.nonzero())")
+            raise SeedTypeError(f"seed ids must be integers, got {ids.dtype} (a boolean mask? pass mask.nonzero())")
         try:
             n = graph.num_nodes(t) if kind == "nodes" else graph.num_edges(t)
         except dgl.DGLError as exc:
@@ -146,11 +170,11 @@ use_prefetch_thread, use_alternate_streams, pin_prefetcher, use_uva, **kwargs
                         drop_last=drop_last, shuffle=shuffle, use_prefetch_thread=use_prefetch_thread,
                         use_alternate_streams=use_alternate_streams, pin_prefetcher=pin_prefetcher, use_uva=use_uva)
         if not isinstance(kwargs.get("collate_fn"), CollateWrapper):  # else: Lightning rebuilding a loader
+            if use_uva and not torch.cuda.is_available():  # first: whatever device was asked for
+                raise UVAUnavailableError("use_uva=True samples on a GPU, but this machine has no usable CUDA "
+                                          "device; leave use_uva off")
             if device is not None:
                 usable_device(device)  # DGL would hang or fail later on a device this machine lacks
-            if use_uva and not torch.cuda.is_available():
-                raise NoDeviceError("use_uva=True samples on a GPU, but this machine has no usable CUDA device; "
-                                    "leave use_uva off")
             check_int("batch_size", batch_size)
             check_lookahead(lookahead)
             check_indices(graph, indices, graph_sampler)

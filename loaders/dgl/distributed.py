@@ -5,45 +5,39 @@ nodes (``g.ndata["feat"][input_nodes]``).  :func:`dist_features` is that fetch t
 of this machine's partition from a directload store (the server's shared memory, or a disk store or tiers
 when the partition does not fit in memory), every other row through DGL, by its KVStore (:class:`KVStoreRows`,
 DGL's C++ fast path) or, when the partitions' features live on disk, by one DGL RPC service that reads the
-owner's store (:class:`ServedRows`).  Partitions come from :func:`partition`: DGL's own
-(``dgl.distributed.partition_graph``) plus, for out-of-core features, a directload disk store per partition.
+owner's store (:class:`ServedRows`).  Partitions come from :func:`partition` (:mod:`.partitions`: DGL's own
+plus, for out-of-core features, a directload disk store per partition, published as one set), or from
+``dgl.distributed.partition_graph`` alone (features in memory).
 """
 
-import contextlib
-import io
-import json
-import sys
 import threading
 import time
 from collections import deque
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from directload.capabilities import require
 from directload.kernels.devices import HOST
-from directload.stores import DiskStore, FeatureStore, PartitionedStore, ReadFuture, TensorStore, write_disk_store
+from directload.stores import DiskStore, FeatureStore, PartitionedStore, ReadFuture, TensorStore
 from directload.stores.partitioned import owners
 from directload.stores.records import Stats
-from directload.unified import host_of
 
 dgl = require("dgl")
 
 from dgl.distributed import rpc  # noqa: E402
 
 from ..pipeline import BatchAdapter, Epoch, Pipeline  # noqa: E402
+from .partitions import META, PartitionMismatchError, node_bounds, partition, read_partitions, store_path  # noqa: E402
 
-__all__ = ["partition", "read_partitions", "store_path", "dist_features", "dist_epoch", "DistBatches", "KVStoreRows",
-           "ServedRows", "serve_features", "register_service", "check_service", "SERVICE_ID", "ServiceIdError",
-           "RemoteReadError", "META"]
+__all__ = ["partition", "read_partitions", "store_path", "node_bounds", "dist_features", "DistFeatures", "dist_ids",
+           "dist_epoch", "DistBatches", "KVStoreRows", "ServedRows", "serve_features", "register_service",
+           "check_service", "SERVICE_ID", "ServiceIdError", "RemoteReadError", "PartitionMismatchError", "META"]
 
 #: directload's one DGL RPC service: the rows of a partition's disk store.  DGL's own ids are 6657-6662,
 #: 22451-22454, 700001-700002, 800001-800002 and 901231-901241 (v2.1), in one flat space with no collision
 #: check, so :func:`register_service` checks this one.
 SERVICE_ID = 17484
-#: What :func:`partition` writes beside DGL's partition config.
-META = "directload-partitions.json"
 
 
 class ServiceIdError(RuntimeError):
@@ -64,94 +58,6 @@ class RemoteReadError(RuntimeError):
     >>> issubclass(RemoteReadError, RuntimeError)
     True
     """
-
-
-# --------------------------------------------------------------------------- partitioning
-def partition(dataset, parts, out, *, features="memory", method="metis", progress=True):
-    """Write ``dataset`` as ``parts`` DistDGL partitions under ``out``; returns the partition config's path.
-
-    DGL partitions the graph (``dgl.distributed.partition_graph``, METIS by default, one hop of halo) with
-    the labels and the train/valid/test masks.  With ``features="memory"`` the features go into DGL's
-    partitions as usual (the servers hold them in RAM).  With ``features="disk"`` they do not: each
-    partition's rows, in DGL's reshuffled order, are written as a directload disk store
-    (``part{i}/feat.npy``), which the servers and trainers of that machine read, so no machine needs its
-    partition's features in memory.  ``directload-partitions.json`` beside the config records which.
-
-    Parameters
-    ----------
-    dataset : directload.datasets.Dataset
-    parts : int
-        Partitions (machines), at least 1.
-    out : str or os.PathLike
-        A directory; an existing partition of the same name is replaced (DGL writes in place).
-    features : {"memory", "disk"}
-    method : {"metis", "random"}
-
-    Examples
-    --------
-    >>> import tempfile
-    >>> from directload.datasets import load, synthesize
-    >>> tmp = tempfile.mkdtemp()
-    >>> ds = load(tmp, "synth-tiny") if synthesize(tmp, "synth-tiny", progress=False) else None
-    >>> cfg = partition(ds, 2, tmp + "/parts", features="disk", progress=False)
-    >>> meta = read_partitions(cfg); meta["parts"], meta["features"], meta["bounds"][-1]
-    (2, 'disk', 3000)
-    """
-    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
-        raise ValueError(f"parts must be a positive integer, got {parts!r}")
-    if features not in ("memory", "disk"):
-        raise ValueError(f"features must be 'memory' or 'disk', not {features!r}")
-    if method not in ("metis", "random"):
-        raise ValueError(f"method must be 'metis' or 'random', not {method!r}")
-    if parts > dataset.num_nodes:
-        raise ValueError(f"{parts} partitions of {dataset.num_nodes} nodes: at most one partition per node")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    g = dgl.graph((dataset.edge_index[0], dataset.edge_index[1]), num_nodes=dataset.num_nodes)
-    g.ndata["label"] = dataset.labels
-    for name, ids in dataset.split.items():
-        mask = torch.zeros(dataset.num_nodes, dtype=torch.bool)
-        mask[ids] = True
-        g.ndata[f"{name}_mask"] = mask
-    feat = host_of(dataset.feat)
-    if features == "memory":
-        g.ndata["feat"] = feat
-    with contextlib.redirect_stdout(sys.stdout if progress else io.StringIO()):  # DGL reports on stdout
-        orig_nids, _ = dgl.distributed.partition_graph(g, dataset.name, parts, str(out), part_method=method,
-                                                       return_mapping=True, num_hops=1)
-    orig_nids = orig_nids.numpy()
-    config = out / f"{dataset.name}.json"
-    bounds = _bounds(json.loads(config.read_text()), dataset.name)
-    if features == "disk":
-        for p in range(parts):
-            rows = feat[torch.from_numpy(orig_nids[bounds[p]:bounds[p + 1]])]
-            write_disk_store(rows.numpy(), out / f"part{p}" / "feat.npy", overwrite=True, progress=progress)
-    np.save(out / "orig_nids.npy", orig_nids)
-    meta = {"graph": dataset.name, "parts": parts, "features": features, "bounds": bounds,
-            "num_feats": int(feat.shape[1]), "num_classes": int(dataset.num_classes), "config": config.name}
-    (out / META).write_text(json.dumps(meta, indent=1))
-    return config
-
-
-def _bounds(config, name):
-    ranges = config["node_map"]["_N"]
-    return [0] + [int(end) for _, end in ranges]
-
-
-def read_partitions(config):
-    """What :func:`partition` recorded beside the partition config ``config``: a dict with ``parts``,
-    ``features``, ``bounds`` (partition ``p`` owns reshuffled ids ``bounds[p]:bounds[p + 1]``), ``graph``,
-    ``num_feats``, ``num_classes``; a one-line ``FileNotFoundError`` for a partition directload did not
-    write."""
-    path = Path(config).parent / META
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: partition with `directload dataset partition`, not DGL alone")
-    return json.loads(path.read_text())
-
-
-def store_path(config, part):
-    """The disk store of partition ``part`` of the partitions at ``config``."""
-    return Path(config).parent / f"part{part}" / "feat.npy"
 
 
 # --------------------------------------------------------------------------- remote rows
@@ -338,35 +244,120 @@ class ServedRows(_RemoteRows):
 
 
 # --------------------------------------------------------------------------- the trainer's feature source
-def dist_features(g, config, *, name="feat", local=None, timeout=120.0):
+def dist_ids(ids, num_rows):
+    """The ids ``DistTensor.__getitem__`` takes (DGL 2.1: a tensor, a list, tuple or range, a numpy array, a
+    slice, or one integer, which gives a batch of one row) as what :meth:`FeatureStore.read` takes; a
+    one-line ``TypeError`` for anything else (booleans and floats included, which DGL would read as ids 0/1
+    and truncate), before any work.  Ids outside the table are the read's ``IndexError``.
+
+    Examples
+    --------
+    >>> dist_ids(slice(1, None, 2), 6).tolist(), dist_ids(3, 6), dist_ids([4, 0], 6)
+    ([1, 3, 5], [3], [4, 0])
+    >>> dist_ids(torch.ones(2, 2, dtype=torch.int64), 6)
+    Traceback (most recent call last):
+    ...
+    TypeError: ids must be 1-D (one id per row), got shape (2, 2)
+    """
+    if isinstance(ids, slice):
+        return torch.arange(*ids.indices(num_rows))
+    if isinstance(ids, (bool, np.bool_)):
+        raise TypeError(f"ids must be integer row ids, not a {type(ids).__name__}")
+    if isinstance(ids, (int, np.integer)):
+        return [int(ids)]
+    if isinstance(ids, (torch.Tensor, np.ndarray)):
+        if ids.ndim == 0:  # one id, as an integer is
+            return ids.reshape(1)
+        if ids.ndim > 1:
+            raise TypeError(f"ids must be 1-D (one id per row), got shape {tuple(ids.shape)}")
+    return ids
+
+
+class DistFeatures(PartitionedStore):
+    """The features of a ``DistGraph`` as :func:`dist_features` gives them: a
+    :class:`~directload.stores.PartitionedStore` that is also indexed as DGL's ``DistTensor`` is:
+    ``x[ids]`` (ids as :func:`dist_ids` takes them), ``x.shape``, ``x.dtype``, ``len(x)``.
+
+    ``x[ids]`` is ``x.read(dist_ids(ids, len(x)))``: the rows on the ids' device (a list, slice or integer
+    gives CPU rows), a new tensor.
+
+    Examples
+    --------
+    >>> table = torch.arange(12.0).view(6, 2)
+    >>> x = DistFeatures(TensorStore(table[3:].clone()), TensorStore(table), [0, 3, 6], part=1)
+    >>> x[torch.tensor([5, 0])].tolist(), x[1:3].tolist(), x.shape, len(x)
+    ([[10.0, 11.0], [0.0, 1.0]], [[2.0, 3.0], [4.0, 5.0]], (6, 2), 6)
+    """
+
+    def __getitem__(self, ids):
+        return self.read(dist_ids(ids, self.num_rows))
+
+
+def dist_features(g, config, *, name="feat", ntype=None, local=None, timeout=120.0):
     """The features of the ``DistGraph`` ``g`` as one directload store: this machine's rows from ``local``,
     the others through DGL.
 
-    Reads take the ids DistDGL's sampler gives (``input_nodes``, DGL's reshuffled ids).  With partitions
-    whose features are in memory (``features="memory"`` in :func:`partition`), ``local`` defaults to the
-    machine's partition as the server holds it in shared memory (``DistTensor.local_partition``, no copy) and
-    other machines' rows come through DGL's KVStore.  With features on disk, ``local`` defaults to this
-    machine's disk store, and other machines' rows come from their servers through directload's RPC service
-    (:func:`register_service` before ``initialize``).  Pass any directload store over this machine's rows as
-    ``local`` (a ``TieredStore`` over the disk store, a unified tensor's ``TensorStore``).
+    Reads take the ids DistDGL's sampler gives (``input_nodes``, DGL's reshuffled ids), as ``read(ids)`` or
+    as ``x[ids]``, which DGL's ``DistTensor`` also takes (:class:`DistFeatures`).  With partitions whose
+    features are in memory (``features="memory"`` in :func:`partition`, or partitions that
+    ``dgl.distributed.partition_graph`` wrote alone), ``local`` defaults to the machine's partition as the
+    server holds it in shared memory (``DistTensor.local_partition``, no copy) and other machines' rows come
+    through DGL's KVStore; the bounds are those of DGL's config.  With features on disk, ``local`` defaults
+    to this machine's disk store, and other machines' rows come from their servers through directload's RPC
+    service (:func:`register_service` before ``initialize``).  Pass any directload store over this machine's
+    rows as ``local`` (a ``TieredStore`` over the disk store, a unified tensor's ``TensorStore``).
+
+    Parameters
+    ----------
+    g : dgl.distributed.DistGraph
+    config : str or os.PathLike
+        DGL's partition config, as given to ``DistGraph``.
+    name : str
+        The node field.
+    ntype : str, optional
+        The node type, on a graph with several (``g.nodes[ntype].data[name]``).
+    local : FeatureStore, optional
+    timeout : float
+        Seconds a remote read through directload's RPC service may take.
 
     Returns
     -------
-    directload.stores.PartitionedStore
+    DistFeatures
+
+    Raises
+    ------
+    PartitionMismatchError
+        directload's record and DGL's config are not one partitioning, or ``g`` was loaded from partitions
+        with another number of parts, before any work.
+    FileNotFoundError
+        No partition config at ``config``.
+
+    Examples
+    --------
+    >>> dist_features  # doctest: +ELLIPSIS
+    <function dist_features at ...>
     """
     meta = read_partitions(config)
     gpb = g.get_partition_book()
+    if gpb.num_partitions() != meta["parts"]:
+        raise PartitionMismatchError(f"the DistGraph has {gpb.num_partitions()} partitions, the partitions at "
+                                     f"{config} {meta['parts']}: give the config the graph was loaded from")
     part = int(gpb.partid)
-    bounds = meta["bounds"]
+    types = sorted(meta["node_bounds"])
+    if ntype is None and len(types) != 1:
+        raise ValueError(f"the graph has node types {types}: name one (ntype=...)")
+    if ntype is not None and ntype not in meta["node_bounds"]:
+        raise KeyError(f"{ntype!r} is not a node type of the partitions (they have {types})")
+    bounds = meta["node_bounds"][ntype or types[0]]
     if meta["features"] == "memory":
-        tensor = g.ndata[name]
+        tensor = g.ndata[name] if ntype is None else g.nodes[ntype].data[name]
         local = local if local is not None else TensorStore(tensor.local_partition[:bounds[part + 1] - bounds[part]])
         remote = KVStoreRows(tensor)
     else:
         check_service()
-        local = local if local is not None else DiskStore(store_path(config, part))
+        local = local if local is not None else DiskStore(store_path(meta["config"], part))
         remote = ServedRows(bounds, local.row_shape, local.dtype, timeout=timeout)
-    return PartitionedStore(local, remote, bounds, part=part, own=True)
+    return DistFeatures(local, remote, bounds, part=part, own=True)
 
 
 class DistBatches(BatchAdapter):

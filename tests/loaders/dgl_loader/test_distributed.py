@@ -1,16 +1,17 @@
 """directload under DistDGL: partitions with a disk store per part, and 2 machines emulated on this host (each in
 its own network namespace with its own /dev/shm), one server and one trainer each, training with features read
 through directload: rows and sampled edges exact against the dataset, accuracy that of one process, a killed
-server ending the run in one line with nothing left behind."""
+server or a stopped launcher ending the run with nothing left behind, a later launch removing what a dead
+launcher left.  Each test counts only what its own launcher made (the links named with its pid, the shared
+memory of its graph), and waits for events, bounded by the launcher's own timeout, not for fixed times."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -32,7 +33,6 @@ try:
 except DistLaunchError:
     HOST_OK = False
 needs_host = pytest.mark.skipif(not HOST_OK, reason="emulating machines needs root, unshare and ip")
-_TEXT = {"encoding": "utf-8", "errors": "replace"}
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +52,7 @@ def _partition(root, features):
 
 def test_partition_writes_each_parts_rows_in_dgls_order(root):
     config = _partition(root, "disk")
+    assert os.readlink(config.parent) == f"{config.parent.name}.g1"  # published as one generation
     meta = dd.read_partitions(config)
     assert meta["parts"] == 2 and meta["features"] == "disk" and meta["bounds"][0] == 0
     assert meta["bounds"][-1] == 3000 and meta["num_feats"] == 32
@@ -82,7 +83,7 @@ def test_partition_refuses_bad_input(root, tmp_path, parts, features, method, ma
     assert not list(tmp_path.iterdir())
 
 
-def test_partitions_directload_did_not_write_are_named(tmp_path):
+def test_a_missing_partition_config_says_how_to_make_one(tmp_path):
     with pytest.raises(FileNotFoundError, match="partition with `directload dataset partition`"):
         dd.read_partitions(tmp_path / "g.json")
 
@@ -111,9 +112,16 @@ def _shm():
     return set(os.listdir("/dev/shm"))
 
 
-def _bridges():
-    out = subprocess.run(["ip", "-o", "link", "show", "type", "bridge"], capture_output=True, text=True).stdout
-    return {line.split(":")[1].strip() for line in out.splitlines() if ":" in line}
+def _graphs_shm(before):
+    """What appeared in the host's /dev/shm under DGL's names for this graph's objects since ``before``."""
+    return {n for n in _shm() - before if "synth-tiny" in n or n.startswith(("node~", "edge~"))}
+
+
+def _links_of(pid):
+    """The host's links named after launcher ``pid``: its bridge ``dlb<pid>`` and machines' ``dlh<pid>m<i>``."""
+    out = subprocess.run(["ip", "-j", "link", "show"], capture_output=True, text=True, timeout=60).stdout
+    return sorted(link["ifname"] for link in json.loads(out or "[]")
+                  if re.fullmatch(rf"dl[bh]{pid}(m[0-9]+)?", link["ifname"]))
 
 
 @needs_host
@@ -122,9 +130,9 @@ def test_two_machines_train_on_exact_rows_and_edges_as_well_as_one_process(root,
     from directload.harness.train_dist import run
 
     config = _partition(root, "memory")
-    shm, bridges = _shm(), _bridges()
+    shm = _shm()
     trainers = run(config, root=root, dataset="synth-tiny", epochs=4, fanouts=(4, 4), batch_size=128, hidden=64,
-                   verify=True, timeout=300)
+                   verify=True, timeout=1200)  # the launcher's own bound, far above a loaded run
     assert [t["machine"] for t in trainers] == [0, 1] and [t["part"] for t in trainers] == [0, 1]
     for t in trainers:
         assert t["verified"] and t["features"] == "memory"  # every batch's rows and last block's edges checked
@@ -137,7 +145,8 @@ def test_two_machines_train_on_exact_rows_and_edges_as_well_as_one_process(root,
                  "--out", str(tmp_path)]) == 0
     one = json.loads(next(tmp_path.glob("*.json")).read_text())["runs"][0]["test_acc"]
     assert abs(trainers[0]["test_acc"] - one) < 0.1, (trainers[0]["test_acc"], one)
-    assert _shm() <= shm and _bridges() == bridges  # the machines' /dev/shm and network went with them
+    # the machines' /dev/shm and network went with them (this process launched them)
+    assert not _graphs_shm(shm) and _links_of(os.getpid()) == []
 
 
 @needs_host
@@ -147,64 +156,208 @@ def test_out_of_core_partitions_read_through_tiers_and_the_rpc_service(root):
 
     config = _partition(root, "disk")
     trainers = run(config, root=root, dataset="synth-tiny", epochs=1, fanouts=(4, 4), batch_size=128,
-                   host_bytes=64 << 10, verify=True, timeout=300)
+                   host_bytes=64 << 10, verify=True, timeout=1200)
     for t in trainers:
         assert t["verified"] and t["features"] == "disk" and t["remote_rows"] > 0
+    assert _links_of(os.getpid()) == []
 
 
 @needs_host
 @pytest.mark.slow
-def test_a_server_killed_mid_epoch_ends_the_run_in_one_line(root, tmp_path):
-    _partition(root, "memory")
-    shm, bridges = _shm(), _bridges()
+def test_two_machines_train_on_partitions_dgl_wrote_alone(root, tmp_path):
+    # DGL's DistDGL example partitions with dgl.distributed.partition_graph alone: no directload record
+    import contextlib
+    import io
+
+    from directload.harness.train_dist import run
+
+    ds = load(root, "synth-tiny")
+    g = dgl.graph((ds.edge_index[0], ds.edge_index[1]), num_nodes=ds.num_nodes)
+    g.ndata["feat"], g.ndata["label"] = ds.feat.host if getattr(ds.feat, "is_unified", False) else ds.feat, ds.labels
+    for name, ids in ds.split.items():
+        g.ndata[f"{name}_mask"] = torch.zeros(ds.num_nodes, dtype=torch.bool).index_fill_(0, ids, True)
+    with contextlib.redirect_stdout(io.StringIO()):
+        orig, _ = dgl.distributed.partition_graph(g, "synth-tiny", 2, str(tmp_path), part_method="metis",
+                                                  return_mapping=True, num_hops=1)
+    np.save(tmp_path / "orig_nids.npy", orig.numpy())  # for the check of every row, not read by directload
+    assert not (tmp_path / dd.META).exists()
+    trainers = run(tmp_path / "synth-tiny.json", root=root, dataset="synth-tiny", epochs=1, fanouts=(4, 4),
+                   batch_size=128, verify=True, timeout=1200)
+    for t in trainers:
+        assert t["verified"] and t["features"] == "memory" and t["local_rows"] > t["remote_rows"] > 0
+    assert _links_of(os.getpid()) == []
+
+
+def _launch(root, tmp_path):
+    """``directload train --dist 2`` as its own process (the launcher), long enough to be stopped in training;
+    its stdout and stderr go to files in ``tmp_path``."""
     cmd = [sys.executable, "-m", "directload", "train", "--dist", "2", "--dataset", "synth-tiny", "--root", str(root),
            "--loader", "directload", "--epochs", "200", "--fanouts", "4", "4", "--batch-size", "64", "--no-progress",
-           "--out", str(tmp_path)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **_TEXT)
-    killed = threading.Event()
+           "--out", str(tmp_path / "out")]
+    with open(tmp_path / "stdout", "w") as out, open(tmp_path / "stderr", "w") as err:
+        return subprocess.Popen(cmd, stdout=out, stderr=err)
 
-    started = time.time()
 
-    def kill_when_training():
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            for log in Path(tempfile.gettempdir()).glob("directload-dist-*/machine1-trainer.log"):
-                if log.parent.stat().st_mtime < started - 1:
-                    continue  # another run's (a failed run keeps its logs)
-                if "connect to server successfuly" in log.read_text(errors="replace"):
-                    time.sleep(3)  # into the epochs
-                    for pid in _pids(log.parent, "server", 1):
-                        os.kill(pid, signal.SIGKILL)
-                        killed.set()
-                    return
-            time.sleep(0.2)
-
-    threading.Thread(target=kill_when_training, daemon=True).start()
+def _proc_of(pid):
+    """``(parent pid, argv)`` of process ``pid``, or None."""
     try:
-        out, err = proc.communicate(timeout=240)
-    finally:
-        proc.kill()
-    assert killed.is_set()
-    assert proc.returncode == 1
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("directload: error: the server of machine 1 ended (SIGKILL)"), err
-    assert _shm() <= shm and _bridges() == bridges
-    logs = Path(lines[0].rsplit("logs are in ", 1)[1].rstrip(")"))
-    assert (logs / "machine1-server.log").is_file()  # kept for the person who reads the error
-    shutil.rmtree(logs)
+        stat = (Path("/proc") / str(pid) / "stat").read_text()
+        argv = (Path("/proc") / str(pid) / "cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1]), argv
 
 
 def _pids(run_dir, role, machine):
+    """The processes of ``run_dir``'s run that play ``role`` on machine ``machine``."""
+    want = [str(run_dir / "settings.json").encode(), str(machine).encode(), role.encode()]
     found = []
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
+        argv = (_proc_of(entry.name) or (0, []))[1] if entry.name.isdigit() else []
+        if argv[-3:] == want:
+            found.append(int(entry.name))
+    return found
+
+
+def _run_dir_of(launcher):
+    """The run directory of ``launcher``'s machines (their working directory), once one runs; else None."""
+    for entry in Path("/proc").iterdir():
+        found = _proc_of(entry.name) if entry.name.isdigit() else None
+        if found and found[0] == launcher and b"directload.harness.dist" in found[1]:
             try:
-                argv = (entry / "cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+                return Path(os.readlink(entry / "cwd"))
             except OSError:
                 continue
-            if str(run_dir / "settings.json").encode() in argv and argv[-2:] == [str(machine).encode(), role.encode()]:
-                found.append(int(entry.name))
-    return found
+    return None
+
+
+def _when_training(proc, act):
+    """``act(run_dir)`` once machine 1's trainer has reached the servers; its result, or None if the launcher
+    ended first.  Waits while the launcher runs: its own timeout bounds the wait, not a budget of ours."""
+    while proc.poll() is None:
+        run = _run_dir_of(proc.pid)
+        log = run / "machine1-trainer.log" if run else None
+        if log is not None and log.is_file() and "connect to server successfuly" in log.read_text(errors="replace"):
+            return act(run)
+        time.sleep(0.2)
+    return None
+
+
+def _hold_netns(run_dir, machine):
+    """An open handle on machine ``machine``'s network namespace (through its server): the namespace, and the
+    machine's link with it, outlive the machine's processes as long as it is open, as they do while its
+    sockets are still closing."""
+    (pid,) = _pids(run_dir, "server", machine)
+    return os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+
+
+def _gone(run_dir):
+    """Whether none of the run's servers and trainers is left (they die with their machine, at once)."""
+    for _ in range(600):  # a SIGKILLed process exits in milliseconds; this only keeps the loop finite
+        if not any(_pids(run_dir, role, m) for role in ("server", "trainer") for m in (0, 1)):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@needs_host
+@pytest.mark.slow
+def test_a_server_killed_in_training_ends_the_run_in_one_line_and_removes_every_link(root, tmp_path):
+    _partition(root, "memory")
+    shm = _shm()
+    proc = _launch(root, tmp_path)
+    held = []
+
+    def kill_server(run):
+        held.append(_hold_netns(run, 0))  # machine 0's namespace outlives its processes, as it does in 2 runs of 3
+        for pid in _pids(run, "server", 1):
+            os.kill(pid, signal.SIGKILL)
+        return run
+
+    try:
+        run = _when_training(proc, kill_server)
+        proc.wait(timeout=1800)  # a hang guard only: the launcher's own timeout is 600 s
+        err = (tmp_path / "stderr").read_text(errors="replace")
+        assert run is not None, err
+        assert proc.returncode == 1
+        lines = err.strip().splitlines()
+        assert len(lines) == 1, err
+        assert lines[0].startswith("directload: error: the server of machine 1 ended (SIGKILL)"), err
+        assert _links_of(proc.pid) == []  # machine 0's link too, though its namespace is still there
+        assert not _graphs_shm(shm)
+        assert _gone(run)
+        logs = Path(lines[0].rsplit("logs are in ", 1)[1].rstrip(")"))
+        assert logs == run and (logs / "machine1-server.log").is_file()  # kept for the person who reads the error
+        shutil.rmtree(logs)
+    finally:
+        for fd in held:
+            os.close(fd)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@needs_host
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_launcher_stopped_by_a_signal_removes_everything_it_made(root, tmp_path, sig):
+    _partition(root, "memory")
+    proc = _launch(root, tmp_path)
+    held = []
+
+    def stop(run):
+        held.append(_hold_netns(run, 0))
+        proc.send_signal(sig)
+        return run
+
+    try:
+        run = _when_training(proc, stop)
+        proc.wait(timeout=1800)  # a hang guard only
+        assert run is not None, (tmp_path / "stderr").read_text(errors="replace")
+        assert proc.returncode == (128 + sig if sig == signal.SIGTERM else 130)
+        assert _links_of(proc.pid) == []
+        assert _gone(run) and not run.exists()  # the machines and the run's directory went with it
+    finally:
+        for fd in held:
+            os.close(fd)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _link(name, *, peer=None, alias=None):
+    kind = ["type", "veth", "peer", "name", peer] if peer else ["type", "bridge"]
+    subprocess.run(["ip", "link", "add", name, *kind], check=True, capture_output=True, timeout=60)
+    if alias:
+        subprocess.run(["ip", "link", "set", name, "alias", alias], check=True, capture_output=True, timeout=60)
+
+
+@needs_host
+def test_a_later_launch_removes_a_dead_launchers_bridge_and_links_and_nothing_else(tmp_path):
+    from directload.harness.dist import launch_machines
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a launcher that is no longer running
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    made = [f"dlb{dead.pid}", f"dlh{dead.pid}m0", f"dlh{dead.pid}m1", f"dlh{os.getpid()}m9", f"dlh{alive.pid}m0",
+            f"dlb{alive.pid}"]
+    try:
+        _link(f"dlb{dead.pid}")  # as an older directload left them: no label
+        _link(f"dlh{dead.pid}m0", peer=f"dln{dead.pid}m0")
+        _link(f"dlh{dead.pid}m1", peer=f"dln{dead.pid}m1", alias=f"directload-dist launcher {dead.pid} 1")
+        # this process's pid, labelled with another start time: a launcher that died, its pid since reused
+        _link(f"dlh{os.getpid()}m9", peer=f"dln{os.getpid()}m9", alias=f"directload-dist launcher {os.getpid()} 1")
+        _link(f"dlh{alive.pid}m0", peer=f"dln{alive.pid}m0")  # a launcher that runs: not ours to touch
+        _link(f"dlb{alive.pid}", alias="someone else's bridge")  # our name, someone else's label
+        # a launch of one machine whose server and trainer end at once
+        assert launch_machines(1, [sys.executable, "-c", "pass"], workdir=tmp_path, timeout=600) == [0]
+        assert _links_of(dead.pid) == [] and _links_of(os.getpid()) == []
+        assert _links_of(alive.pid) == sorted([f"dlb{alive.pid}", f"dlh{alive.pid}m0"])
+    finally:
+        alive.kill()
+        alive.wait()
+        for name in made:
+            subprocess.run(["ip", "link", "del", name], capture_output=True, timeout=60)
 
 
 @pytest.mark.parametrize("extra, match", [
