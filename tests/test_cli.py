@@ -192,3 +192,21 @@ def test_bench_versus_refuses_a_ref_that_names_no_commit_before_any_work():
     proc = _run("bench", "versus", "--ref", "no-such-ref-here", "--", "loader")
     assert proc.returncode == 2 and "'no-such-ref-here' is not a commit of this checkout" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_more_ranks_than_the_node_runs_are_refused_in_one_line_before_any_work(tmp_path, capsys, monkeypatch):
+    import re
+
+    from directload.harness import ddp, memcap
+
+    started = []
+    monkeypatch.setattr(ddp, "launch", lambda nproc, argv: started.append(nproc))
+    monkeypatch.setattr(memcap, "guard_children", lambda: None)  # (the old code reached it: keep this process's env)
+    code = main(["train", "--root", str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--dataset", "synth-tiny",
+                 "--device", "cpu", "--no-progress", "--nproc", "100000"])
+    err = capsys.readouterr().err
+    assert code == 1 and started == []
+    assert re.fullmatch(r"directload: error: --nproc 100000 is more ranks than this node can run: at most \d+ \(4 "
+                        r"ranks per CPU core on \d+ cores: \d+; \d+\.\d GiB of available memory at 512 MiB a rank: "
+                        r"\d+; 256 on any node\)\n", err), err
+    assert not list(tmp_path.iterdir())  # no dataset written, no report

@@ -2,6 +2,7 @@
 processes, gloo), one report from rank 0 with every rank's epochs, and a rank that dies ends the run with an
 error naming it, the other ranks stopped."""
 
+import contextlib
 import json
 import os
 import signal
@@ -38,6 +39,76 @@ def _env():
     return dict(os.environ, OMP_NUM_THREADS="1")
 
 
+#: A job none of whose main threads computed for IDLE_CPU_S seconds in IDLE_S seconds, with no process started
+#: or ended, is stuck, not slow: a loaded machine slows every process, but one that works still gets the
+#: CPU.  (Main threads: a rank's trains; a deadlocked rank's is blocked, while its other threads still wake
+#: up, gloo's loop every 10 ms, a thread that waits for the GIL every 5 ms.)  No test here gives a job a
+#: fixed time.
+IDLE_S, IDLE_CPU_S = 120, 0.5
+
+
+def _main_thread_cpu(pid):
+    """CPU seconds the main thread of ``pid`` has used; 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+class _Progress:
+    """Whether the job of process ``pid`` (it and its descendants) still makes progress (:data:`IDLE_S`).
+    The launcher's own main thread counts only until it has started ranks: then it only polls them."""
+
+    def __init__(self, pid):
+        self.pid, self.procs, self.used, self.mark, self.since = pid, set(), {}, 0.0, time.monotonic()
+
+    def stalled(self):
+        kids = _descendants(self.pid)
+        for p in kids or [self.pid]:
+            self.used[p] = max(self.used.get(p, 0.0), _main_thread_cpu(p))
+        procs, used = {self.pid, *kids}, sum(self.used.values())
+        if procs != self.procs or used - self.mark >= IDLE_CPU_S:
+            self.procs, self.mark, self.since = procs, used, time.monotonic()
+        return time.monotonic() - self.since > IDLE_S
+
+    def left(self):
+        return {p: _rank_of(p) for p in [self.pid, *_descendants(self.pid)]}
+
+
+def _wait(proc):
+    """``(returncode, stdout, stderr)`` of ``proc`` (started with pipes) once it ends; the test fails when its
+    job stops making progress (:class:`_Progress`)."""
+    progress = _Progress(proc.pid)
+    while True:
+        try:
+            out, err = proc.communicate(timeout=5)
+            return proc.returncode, out, err
+        except subprocess.TimeoutExpired:
+            pass
+        if progress.stalled():
+            pytest.fail(f"the job stopped making progress for {IDLE_S} s; left (pid: rank): {progress.left()}")
+
+
+def _run(argv, env=None):
+    """``python -m argv`` run to its end (:func:`_wait`); whatever is left of it is killed."""
+    proc = subprocess.Popen([sys.executable, "-m", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env or _env(), **_TEXT)
+    try:
+        return _wait(proc)
+    finally:
+        _kill(proc)
+
+
+def _kill(proc):
+    """Kill what is left of the job of ``proc`` (the launcher and its ranks; only this test's processes)."""
+    if proc.poll() is None:
+        for p in [*_descendants(proc.pid), proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        proc.communicate()
+
+
 def _check_two_ranks(report):
     assert report["meta"]["nproc"] == 2
     for run in report["runs"]:
@@ -50,32 +121,45 @@ def _check_two_ranks(report):
 
 
 def test_nproc_two_trains_on_two_ranks_and_reports_each(root, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "directload", *TRAIN, "--root", str(root), "--out", str(tmp_path),
-                           "--nproc", "2", "--loader", "both"], capture_output=True, **_TEXT, timeout=300,
-                          env=_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    code, out, err = _run(["directload", *TRAIN, "--root", str(root), "--out", str(tmp_path), "--nproc", "2",
+                           "--loader", "both"])
+    assert code == 0, err[-3000:]
     report = _report(tmp_path)
     _check_two_ranks(report)
     ours = next(r for r in report["summary"] if r["loader"] == "directload")
     assert [k["rank"] for k in ours["ranks"]] == [0, 1]
-    assert "directload rank 1 of 2: epoch" in proc.stdout
+    assert "directload rank 1 of 2: epoch" in out
+
+
+def test_each_rank_ends_with_its_work_whatever_its_teardown_would_do(root, tmp_path):
+    """Once rank 0 has written the report the ranks leave together and end: a rank whose interpreter teardown
+    would block (an exit handler that waits for ever here, as torch's C++ teardown at exit sometimes does)
+    does not keep the job, and the launcher waiting for it, alive."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import atexit, os, threading\n"
+                                           "if 'RANK' in os.environ:\n"
+                                           "    atexit.register(threading.Event().wait)\n")
+    env = dict(_env(), PYTHONPATH=os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    code, _, err = _run(["directload", *TRAIN, "--root", str(root), "--out", str(tmp_path / "out"), "--nproc", "2",
+                         "--loader", "directload"], env)
+    assert code == 0, err[-3000:]
+    _check_two_ranks(_report(tmp_path / "out"))
 
 
 def test_torchrun_ranks_join_its_job_and_rank_zero_reports(root, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "-m", "directload", *TRAIN, "--root", str(root), "--out", str(tmp_path),
-                           "--loader", "directload"], capture_output=True, **_TEXT, timeout=300, env=_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    code, _, err = _run(["torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "directload", *TRAIN,
+                         "--root", str(root), "--out", str(tmp_path), "--loader", "directload"])
+    assert code == 0, err[-3000:]
     _check_two_ranks(_report(tmp_path))
 
 
 def test_nproc_under_torchrun_is_refused_in_one_line(root, tmp_path):
     env = dict(_env(), RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
-    proc = subprocess.run([sys.executable, "-m", "directload", *TRAIN, "--root", str(root), "--out", str(tmp_path),
-                           "--nproc", "2"], capture_output=True, **_TEXT, timeout=120, env=env)
-    assert proc.returncode == 1
-    assert proc.stderr.strip() == ("directload: error: this process is rank 0 of 2 that torchrun started: leave "
-                                   "--nproc out (torchrun's --nproc-per-node starts the ranks)")
+    code, _, err = _run(["directload", *TRAIN, "--root", str(root), "--out", str(tmp_path), "--nproc", "2"], env)
+    assert code == 1
+    assert err.strip() == ("directload: error: this process is rank 0 of 2 that torchrun started: leave --nproc "
+                           "out (torchrun's --nproc-per-node starts the ranks)")
 
 
 def _descendants(pid):
@@ -102,10 +186,11 @@ def _rank_of(pid):
 
 def _wait_for_ranks(proc, n=2):
     """``{rank: pid}`` of the launcher ``proc``'s ranks, once all ``n`` have started."""
-    deadline = time.monotonic() + 120
-    ranks = {}
+    progress, ranks = _Progress(proc.pid), {}
     while len(ranks) < n:
-        assert time.monotonic() < deadline and proc.poll() is None
+        assert proc.poll() is None, "the launcher ended before its ranks started"
+        if progress.stalled():
+            pytest.fail(f"the launcher stopped making progress for {IDLE_S} s before its ranks started")
         ranks = {_rank_of(p): p for p in _descendants(proc.pid) if _rank_of(p) is not None}
         time.sleep(0.2)
     return ranks
@@ -120,11 +205,10 @@ def test_a_rank_killed_mid_training_ends_the_run_with_an_error_naming_it(root, t
         ranks = _wait_for_ranks(proc)
         time.sleep(5)  # training
         os.kill(ranks[1], signal.SIGKILL)
-        _, err = proc.communicate(timeout=120)  # never hangs: the other rank is stopped
+        code, _, err = _wait(proc)  # never hangs: the other rank is stopped
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 1
+        _kill(proc)
+    assert code == 1
     assert err.strip().splitlines()[-1] == ("directload: error: rank 1 of 2 was killed by signal SIGKILL; the other "
                                             "ranks were stopped")
     assert "Traceback" not in err
@@ -161,11 +245,10 @@ def test_partitioned_features_train_as_the_whole_table_does(root, tmp_path, feat
     accs = {}
     for split in (False, True):
         out = tmp_path / str(split)
-        proc = subprocess.run([sys.executable, "-m", "directload", *TRAIN, "--root", str(root), "--out", str(out),
-                               "--nproc", "2", "--loader", "directload", "--features", features, "--host-cache",
-                               "100K", "--seeds", "1", *(["--partition-features"] if split else [])],
-                              capture_output=True, **_TEXT, timeout=300, env=_env())
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        code, _, err = _run(["directload", *TRAIN, "--root", str(root), "--out", str(out), "--nproc", "2",
+                             "--loader", "directload", "--features", features, "--host-cache", "100K", "--seeds", "1",
+                             *(["--partition-features"] if split else [])])
+        assert code == 0, err[-3000:]
         run = _report(out)["runs"][0]
         accs[split] = run["test_acc"]
     tiers = run["epochs"][-1]["tiers"]
@@ -180,8 +263,41 @@ def test_partitioned_features_train_as_the_whole_table_does(root, tmp_path, feat
     (["--loader", "directload"], "splits the rows among the ranks of a DDP job: give --nproc N"),
 ])
 def test_partition_features_are_checked_before_any_work(root, tmp_path, extra, says):
-    proc = subprocess.run([sys.executable, "-m", "directload", *TRAIN, "--root", str(root), "--out", str(tmp_path),
-                           "--partition-features", *extra], capture_output=True, **_TEXT, timeout=120, env=_env())
-    assert proc.returncode == 1
-    assert proc.stderr.startswith("directload: error: --partition-features ") and says in proc.stderr, proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
+    code, _, err = _run(["directload", *TRAIN, "--root", str(root), "--out", str(tmp_path), "--partition-features",
+                         *extra])
+    assert code == 1
+    assert err.startswith("directload: error: --partition-features ") and says in err, err
+    assert len(err.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
+
+
+GiB = 1 << 30
+
+
+@pytest.mark.parametrize("facts, most", [
+    (dict(cores=2, available_bytes=64 * GiB), 8),  # the cores bind
+    (dict(cores=128, available_bytes=4 * GiB), 8),  # the memory binds
+    (dict(cores=128, available_bytes=1024 * GiB), 256),  # the ceiling binds
+    (dict(cores=64, available_bytes=64 * GiB, gpus=2), 2),  # one rank per GPU
+    (dict(cores=1, available_bytes=100 << 20), 1),  # never below one
+])
+def test_the_ranks_a_node_runs_are_the_least_of_its_cores_memory_gpus_and_a_ceiling(facts, most):
+    from directload.harness.ddp import nproc_ceiling
+
+    assert nproc_ceiling(**facts)[0] == most
+
+
+def test_check_nproc_reads_this_node_and_says_every_bound(monkeypatch):
+    import collections
+
+    import psutil
+
+    from directload.harness import ddp
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    memory = collections.namedtuple("svmem", "available")
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: memory(64 * GiB))
+    ddp.check_nproc(8)
+    with pytest.raises(ValueError, match=r"^--nproc 9 is more ranks than this node can run: at most 8 \(4 ranks per "
+                                         r"CPU core on 2 cores: 8; 64\.0 GiB of available memory at 512 MiB a rank: "
+                                         r"128; 256 on any node\)$"):
+        ddp.check_nproc(9)

@@ -4,19 +4,31 @@ Under ``torchrun`` the ranks are started by torchrun and :func:`join_torchrun` j
 on every collective (:data:`TIMEOUT_S`), so a rank that dies makes the others fail instead of waiting for
 ever.  ``directload train --nproc N`` starts the ranks itself through torchrun's own launcher
 (:func:`launch`, ``torch.distributed.launcher``), which watches them and stops every rank when one fails: a
-first version that spawned the ranks with ``torch.multiprocessing`` hung in CI.
+first version that spawned the ranks with ``torch.multiprocessing`` hung in CI.  Its work done, every rank
+ends through :func:`finish`, together, not through the interpreter's teardown; :func:`check_nproc` refuses
+more ranks than the node can run before any starts.
 """
 
 import atexit
 import os
+import sys
 from datetime import timedelta
 
 import torch
 
-__all__ = ["join_torchrun", "torchrun_world", "world", "barrier", "launch", "RankFailed", "TIMEOUT_S"]
+__all__ = ["join_torchrun", "torchrun_world", "world", "barrier", "finish", "launch", "RankFailed", "TIMEOUT_S",
+           "nproc_ceiling", "check_nproc", "MAX_NPROC", "RANKS_PER_CORE", "RANK_BYTES"]
 
 #: Seconds a collective waits for the other ranks before it fails.
 TIMEOUT_S = 300
+#: The most ranks :func:`launch` starts on any node (every pair of gloo ranks holds a connection): more
+#: ranks than this is a job for several nodes, under torchrun.
+MAX_NPROC = 256
+#: CPU ranks per usable core: ranks beyond the cores only take turns on them, a few to overlap waits.
+RANKS_PER_CORE = 4
+#: Host memory one rank holds before any features: the interpreter, torch, the framework, a model and its
+#: sampler (a DGL-lane rank training synth-tiny held about 550 MB, measured).
+RANK_BYTES = 512 << 20
 
 
 class RankFailed(RuntimeError):
@@ -53,6 +65,62 @@ def launch(nproc, argv):
         raise RankFailed(f"rank {rank} of {nproc} {how}; the other ranks were stopped") from None
 
 
+def nproc_ceiling(*, cores, available_bytes, gpus=None):
+    """``(most, why)``: the most ranks of one job this node can run, and each bound in words.  Pure.
+
+    The least of :data:`RANKS_PER_CORE` ranks per usable core (on GPUs: one rank per GPU, NCCL's rule),
+    the available host memory at :data:`RANK_BYTES` a rank, and :data:`MAX_NPROC`; never below 1.
+
+    Parameters
+    ----------
+    cores : int
+        CPU cores this process may run on.
+    available_bytes : int
+        Host memory available to new processes.
+    gpus : int, optional
+        GPUs, where the ranks train on GPUs; ``None`` on the CPU.
+
+    Examples
+    --------
+    >>> nproc_ceiling(cores=2, available_bytes=16 << 30)
+    (8, '4 ranks per CPU core on 2 cores: 8; 16.0 GiB of available memory at 512 MiB a rank: 32; 256 on any node')
+    >>> nproc_ceiling(cores=64, available_bytes=8 << 30, gpus=8)[0]
+    8
+    """
+    hardware = (f"one rank per GPU on {gpus} GPUs: {gpus}", gpus) if gpus is not None else \
+        (f"{RANKS_PER_CORE} ranks per CPU core on {cores} cores: {RANKS_PER_CORE * cores}", RANKS_PER_CORE * cores)
+    memory = available_bytes // RANK_BYTES
+    bounds = [hardware, (f"{available_bytes / 2**30:.1f} GiB of available memory at {RANK_BYTES >> 20} MiB a rank: "
+                         f"{memory}", memory), (f"{MAX_NPROC} on any node", MAX_NPROC)]
+    return max(1, min(most for _, most in bounds)), "; ".join(why for why, _ in bounds)
+
+
+def check_nproc(nproc, device="cpu"):
+    """Refuse, in one line, more ranks than this node can run (:func:`nproc_ceiling`, from this process's
+    usable cores, the host's available memory and, for a CUDA ``device``, its GPUs); starts nothing.
+
+    Raises
+    ------
+    ValueError
+        ``nproc`` is above the ceiling.
+
+    Examples
+    --------
+    >>> check_nproc(1)
+    >>> check_nproc(MAX_NPROC + 1)
+    Traceback (most recent call last):
+    ...
+    ValueError: --nproc 257 is more ranks than this node can run: at most ...
+    """
+    import psutil
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    gpus = torch.cuda.device_count() if torch.device(device).type == "cuda" else None
+    most, why = nproc_ceiling(cores=cores, available_bytes=psutil.virtual_memory().available, gpus=gpus)
+    if nproc > most:
+        raise ValueError(f"--nproc {nproc} is more ranks than this node can run: at most {most} ({why})")
+
+
 def world():
     """``(rank, world_size)`` of this process's DDP job, ``(0, 1)`` outside one."""
     import torch.distributed as dist
@@ -68,6 +136,28 @@ def barrier():
 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+def finish():
+    """End this rank of a DDP job, its work done (rank 0's report written): wait for every rank (at most
+    :data:`TIMEOUT_S`), flush the output and end the process, status 0, without destroying the group and
+    without the interpreter's teardown.  Never returns.
+
+    A rank that ended through the interpreter destroyed its group at exit, and that can deadlock for ever
+    (caught under load with torch 2.2): destroying a gloo group joins gloo's worker threads while holding
+    the GIL, and a worker still releasing the job's last collective (the epochs' ``all_gather_object``)
+    needs the GIL to free its tensors; the launcher, which waits for every rank, then waited with it
+    (pytorch/pytorch#179291 describes the race).  After the barrier no rank sends anything, so each ends
+    with nothing to tear down: its stores are closed, the kernel closes its sockets and lets go of its
+    shared tables (:mod:`directload.shared`).
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()  # bounded by the group's timeout
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)
 
 
 def _backend(device):
