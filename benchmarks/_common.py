@@ -1,5 +1,6 @@
 """Shared helpers for the benchmark scripts: timing, system facts, and JSON/PNG/table output."""
 
+import contextlib
 import json
 import os
 import platform
@@ -14,7 +15,8 @@ from directload.harness.plotting import pyplot, save_figure  # re-exported for t
 RESULTS = Path(__file__).resolve().parent / "results"
 
 __all__ = ["RESULTS", "prepare_cpu_kernels", "median_time", "interleaved_medians", "cuda_event_timer",
-           "cuda_median_time", "system_facts", "write_json", "print_table", "pyplot", "save_figure", "grouped_bars"]
+           "cuda_median_time", "system_facts", "write_json", "print_table", "pyplot", "save_figure", "grouped_bars",
+           "cpu_hog"]
 
 
 def prepare_cpu_kernels():
@@ -161,3 +163,29 @@ def pack_disk_store(args):
     if proc.returncode:
         raise RuntimeError(f"directload dataset pack failed (exit {proc.returncode}): {proc.stderr[-600:]}")
     return time.perf_counter() - t0
+
+
+_SPIN = "while True:\n    pass\n"
+
+
+def _die_with_parent():
+    """In a child before exec: SIGKILL when the parent dies (``PR_SET_PDEATHSIG``)."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def cpu_hog(n):
+    """``n`` processes, each keeping one core busy with a spinning loop, for as long as the block runs: a
+    controlled CPU contention, as other jobs on a shared node make.  They run at this process's priority,
+    die with it (``PR_SET_PDEATHSIG``) and are killed and reaped when the block ends."""
+    procs = [subprocess.Popen([sys.executable, "-c", _SPIN], preexec_fn=_die_with_parent) for _ in range(int(n))]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()

@@ -25,6 +25,13 @@ SPARSE=0.6.18
 # (outside the checkout, so clean clones reuse them).
 WHEELHOUSE=${DIRECTLOAD_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/directload/wheelhouse}
 export DGLBACKEND=pytorch
+# torch's OpenMP threads (libgomp) spin 10,000 rounds before they sleep while they wait, not libgomp's
+# default 300,000 (about 3 ms): on a busy machine the spinning took the cores from each other (a GraphSAGE
+# epoch beside two busy processes on 2 cores: a median 3.1-3.6x its quiet time with either loader, 3 runs
+# in 10 at about 6x, against 1.8-2.0x; the same quiet). Left alone where either variable is set.
+if [ -z "${GOMP_SPINCOUNT:-}" ] && [ -z "${OMP_WAIT_POLICY:-}" ]; then
+    export GOMP_SPINCOUNT=10000
+fi
 
 _stamp() {  # what a lane was set up from: setup.py and this script
     cat setup.py scripts/dev.sh | sha256sum | cut -c1-16

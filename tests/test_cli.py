@@ -210,3 +210,19 @@ def test_more_ranks_than_the_node_runs_are_refused_in_one_line_before_any_work(t
                         r"ranks per CPU core on \d+ cores: \d+; \d+\.\d GiB of available memory at 512 MiB a rank: "
                         r"\d+; 256 on any node\)\n", err), err
     assert not list(tmp_path.iterdir())  # no dataset written, no report
+
+
+@pytest.mark.parametrize("spins,load,says", [(None, 9.0, True), ("10000", 9.0, False), (None, 0.1, False)])
+def test_a_busy_machine_with_spinning_openmp_threads_gets_one_line(monkeypatch, capsys, spins, load, says):
+    from directload.harness import cli
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    if spins:
+        monkeypatch.setenv("GOMP_SPINCOUNT", spins)
+    monkeypatch.setattr(cli.os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(cli.os, "cpu_count", lambda: 2)
+    cli._note_busy_machine()
+    err = capsys.readouterr().err
+    assert (err.count("\n") == 1 and "GOMP_SPINCOUNT=10000" in err and "load 9.0 on 2 cores" in err) if says \
+        else err == ""

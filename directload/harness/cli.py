@@ -86,7 +86,7 @@ def _info(args):
 
     caps = capabilities().as_dict()
     # The CPU gathers' thread team is the kernels' own choice (directload.kernels.cpu says why).
-    caps.update(cpu_threads=cpu.get_num_threads(), cpu_team=cpu.team())
+    caps.update(cpu_threads=cpu.get_num_threads(), cpu_team=cpu.team(), openmp_wait_policy=cpu.wait_policy())
     if args.json:
         print(json.dumps(caps, indent=2))
     else:
@@ -392,6 +392,7 @@ def run_training(args, models, loaders, seeds, name, conditions=None):
     from directload.harness import ddp, memcap
     from directload.harness.experiments import compare, print_summary, write_report
     from directload.harness.train import TrainConfig, resolve_depth
+    from directload.kernels.cpu import wait_policy as cpu_wait_policy
 
     # Bad arguments get their own error before any work, a missing framework after them.
     device = usable_device(args.device)
@@ -415,6 +416,7 @@ def run_training(args, models, loaders, seeds, name, conditions=None):
         memcap.check_limit(limit)  # before any work: a cap the run cannot start in
     if args.threads:
         torch.set_num_threads(args.threads)
+    _note_busy_machine()
     rank, size = ddp.join_torchrun(device)  # under torchrun: every collective from here has a timeout
     features = getattr(args, "features", "memory")
     if rank == 0:  # under torchrun one rank writes what is missing, the others wait for it
@@ -461,7 +463,7 @@ def run_training(args, models, loaders, seeds, name, conditions=None):
             "edges": dataset.num_edges, "feats": int(dataset.feat.shape[1]), "epochs": args.epochs,
             "torch_threads": torch.get_num_threads(), "capabilities": capabilities().as_dict(),
             "features": features, "memory_limit": limit, "nproc": size,
-            "feature_file_bytes": sum(os.path.getsize(f) for f in files),
+            "feature_file_bytes": sum(os.path.getsize(f) for f in files), "openmp_wait_policy": cpu_wait_policy(),
             **({"conditions": [c for c, _ in conditions]} if conditions else {})}
     path, summary = write_report(rows, args.out or _default_out(), name, meta)
     print_summary(summary, meta)
@@ -469,6 +471,19 @@ def run_training(args, models, loaders, seeds, name, conditions=None):
     if size > 1:
         ddp.finish()  # the report is written: every rank ends now, together (never returns)
     return 0
+
+
+def _note_busy_machine():
+    """One line on stderr when the machine is busier than its cores and torch's OpenMP threads spin for
+    libgomp's default 3 ms while they wait: the spinning, not either loader, is what slows a busy machine's
+    epochs (see :func:`directload.kernels.cpu.wait_policy`)."""
+    from directload.kernels import cpu
+
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if cpu.wait_policy() == f"spin {cpu.LIBGOMP_SPINS}" and load > cores:
+        print(f"note: this machine is busy (load {load:.1f} on {cores} cores) and torch's OpenMP threads spin for "
+              "about 3 ms while they wait, which slows training 2-6x beside other busy processes; start with "
+              "GOMP_SPINCOUNT=10000 (scripts/dev.sh does)", file=sys.stderr, flush=True)
 
 
 def _feature_files(args, features):

@@ -18,8 +18,13 @@ STOCK = ("dgl", "pyg")
 TIME_KEYS = ("epoch_s", "sample_s", "gather_s", "train_s", "wait_s")
 
 
-def compare(dataset, base, *, models=("sage",), loaders=("dgl", "directload"), seeds=(0,), progress=True):
+def compare(dataset, base, *, models=("sage",), loaders=("dgl", "directload"), seeds=(0,), progress=True,
+            conditions=None):
     """Train every (model, seed, loader), loaders interleaved so they share the machine's state.
+
+    ``conditions``, a list of ``(name, factory)`` where ``factory()`` is a context manager (a CPU hog, say),
+    runs every (model, seed) once under each, in turn, so that conditions interleave as loaders do; each row
+    then names its ``condition``, and the first is the baseline the others are compared with.
 
     In a rank of a DDP job (torchrun) each run is that rank's part; the row then has every rank's epochs
     under ``ranks``.
@@ -32,19 +37,32 @@ def compare(dataset, base, *, models=("sage",), loaders=("dgl", "directload"), s
     rows = []
     for model in models:
         for seed in seeds:
-            for loader in loaders:
-                cfg = TrainConfig(**{**asdict(base), "model": model, "loader": loader, "seed": seed,
-                                     "packed": base.packed and loader == "directload",
-                                     "node_budget": base.node_budget if loader == "directload" else 0,
-                                     "node_io_depth": base.node_io_depth if loader == "directload" else 0,
-                                     "shared_hot": base.shared_hot if loader == "directload" else 0})
-                t0 = time.perf_counter()
-                res = train(dataset, cfg, progress=progress)
-                rows.append({"model": model, "loader": loader, "seed": seed, "wall_s": time.perf_counter() - t0,
-                             "valid_acc": res.valid_acc, "test_acc": res.test_acc,
-                             "epochs": [asdict(e) for e in res.epochs], "config": res.config, "warm": res.warm,
-                             **({"ranks": res.ranks} if res.ranks else {}),
-                             **({"budget": res.budget} if res.budget else {})})
+            for name, factory in conditions or [(None, None)]:
+                if factory is None:
+                    got = _runs(dataset, base, model, seed, loaders, progress)
+                else:
+                    with factory():
+                        got = _runs(dataset, base, model, seed, loaders, progress)
+                rows += [{**row, "condition": name} if name is not None else row for row in got]
+    return rows
+
+
+def _runs(dataset, base, model, seed, loaders, progress):
+    """One run of ``model`` with ``seed`` per loader, in turn."""
+    rows = []
+    for loader in loaders:
+        cfg = TrainConfig(**{**asdict(base), "model": model, "loader": loader, "seed": seed,
+                             "packed": base.packed and loader == "directload",
+                             "node_budget": base.node_budget if loader == "directload" else 0,
+                             "node_io_depth": base.node_io_depth if loader == "directload" else 0,
+                             "shared_hot": base.shared_hot if loader == "directload" else 0})
+        t0 = time.perf_counter()
+        res = train(dataset, cfg, progress=progress)
+        rows.append({"model": model, "loader": loader, "seed": seed, "wall_s": time.perf_counter() - t0,
+                     "valid_acc": res.valid_acc, "test_acc": res.test_acc,
+                     "epochs": [asdict(e) for e in res.epochs], "config": res.config, "warm": res.warm,
+                     **({"ranks": res.ranks} if res.ranks else {}),
+                     **({"budget": res.budget} if res.budget else {})})
     return rows
 
 
@@ -67,13 +85,20 @@ def summarize(rows):
     median of the per-seed ratios of epoch times, with ``..._min`` and
     ``..._max`` their range; ``test_acc_vs_reference_pp`` is the mean
     per-seed difference of test accuracy, in percentage points (with its
-    ``_min`` and ``_max``).
+    ``_min`` and ``_max``).  With conditions (:func:`compare`), rows are per (model, condition, loader),
+    compared with the reference under the same condition, and ``epoch_vs_baseline`` is the median per-seed
+    ratio of a loader's epoch under a condition to its own under the first condition (the slowdown it
+    causes).
     """
     out = []
-    keys = sorted({(r["model"], r["loader"]) for r in rows}, key=lambda k: (k[0], k[1] == "directload"))
-    for model, loader in keys:
-        rs = sorted((r for r in rows if r["model"] == model and r["loader"] == loader), key=lambda r: r["seed"])
+    order = list(dict.fromkeys(r.get("condition") for r in rows))  # conditions as run; the first is the baseline
+    keys = sorted({(r["model"], r.get("condition"), r["loader"]) for r in rows},
+                  key=lambda k: (k[0], order.index(k[1]), k[2] == "directload"))
+    for model, condition, loader in keys:
+        rs = sorted((r for r in rows if r["model"] == model and r["loader"] == loader
+                     and r.get("condition") == condition), key=lambda r: r["seed"])
         row = {"model": model, "loader": loader, "seeds": len(rs),
+               **({"condition": condition} if condition is not None else {}),
                "steady_epochs": len(rs[0]["epochs"]) - 1 if len(rs[0]["epochs"]) > 1 else 1,
                "first_epoch_left_out": len(rs[0]["epochs"]) > 1}
         for key in TIME_KEYS:
@@ -95,7 +120,8 @@ def summarize(rows):
             row["budget"] = rs[0]["budget"]
         row["valid_acc_pct"] = 100 * statistics.mean(r["valid_acc"] for r in rs)
         row["test_acc_pct"] = 100 * statistics.mean(r["test_acc"] for r in rs)
-        ref = {r["seed"]: r for r in rows if r["model"] == model and r["loader"] in STOCK}
+        ref = {r["seed"]: r for r in rows
+               if r["model"] == model and r["loader"] in STOCK and r.get("condition") == condition}
         pairs = [(r, ref[r["seed"]]) for r in rs if r["seed"] in ref]
         if loader == "directload" and pairs:
             ratios = _spread([_steady(r["epochs"], "epoch_s") / _steady(d["epochs"], "epoch_s") for r, d in pairs])
@@ -104,6 +130,13 @@ def summarize(rows):
                         "epoch_vs_reference_min": ratios["min"], "epoch_vs_reference_max": ratios["max"],
                         "test_acc_vs_reference_pp": statistics.mean(diffs),
                         "test_acc_vs_reference_pp_min": min(diffs), "test_acc_vs_reference_pp_max": max(diffs)})
+        base = {r["seed"]: r for r in rows if r["model"] == model and r["loader"] == loader
+                and r.get("condition") == order[0]}
+        if condition != order[0] and any(r["seed"] in base for r in rs):  # the slowdown a condition causes
+            slow = _spread([_steady(r["epochs"], "epoch_s") / _steady(base[r["seed"]]["epochs"], "epoch_s")
+                            for r in rs if r["seed"] in base])
+            row.update({"baseline": order[0], "epoch_vs_baseline": slow["median"],
+                        "epoch_vs_baseline_min": slow["min"], "epoch_vs_baseline_max": slow["max"]})
         out.append(row)
     return out
 
@@ -140,15 +173,20 @@ def print_summary(summary, meta):
     steady = summary[0]["first_epoch_left_out"] if summary else False
     how = "median over seeds of the median steady epoch (first epoch left out)" if steady else \
         "median over seeds (one epoch per run, so it includes compile and cold-cache time)"
+    policy = f", OpenMP wait policy {meta['openmp_wait_policy']}" if "openmp_wait_policy" in meta else ""
     print(f"\n{meta['dataset']}: {meta['nodes']} nodes, {meta['edges']} edges, {meta['feats']} features; "
-          f"{meta['device']}, {meta['torch_threads']} torch threads; {how}")
-    cols = [("model", "model", "s"), ("loader", "loader", "s"), ("seeds", "seeds", "d"),
+          f"{meta['device']}, {meta['torch_threads']} torch threads{policy}; {how}")
+    conditioned = any("condition" in r for r in summary)
+    cols = [("model", "model", "s"), *([("condition", "condition", "s")] if conditioned else []),
+            ("loader", "loader", "s"), ("seeds", "seeds", "d"),
             ("first_epoch_s", "first epoch s", ".3f"), ("epoch_s", "epoch s", ".3f"),
             ("sample_s", "sample s", ".3f"), ("gather_s", "gather s", ".3f"),
             ("train_s", "train s", ".3f"), ("wait_s", "wait s", ".3f"), ("valid_acc_pct", "valid acc %", ".2f"),
             ("test_acc_pct", "test acc %", ".2f")]
     ref = {"dgl": "DGL", "pyg": "PyG"}.get(next((r["reference"] for r in summary if "reference" in r), ""), "own")
     header = [c[1] for c in cols] + [f"epoch vs {ref} (min-max)", f"test acc vs {ref} (pp)"]
+    if conditioned:
+        header.append(f"epoch vs {summary[0].get('condition')} (min-max)")
     table = []
     for r in summary:
         cells = [_fmt(r.get(k), spec) for k, _, spec in cols]
@@ -158,6 +196,9 @@ def print_summary(summary, meta):
             cells.append(f"{r['test_acc_vs_reference_pp']:+.2f}")
         else:
             cells += ["", ""]
+        if conditioned:
+            cells.append(f"{r['epoch_vs_baseline']:.3f} ({r['epoch_vs_baseline_min']:.3f}-"
+                         f"{r['epoch_vs_baseline_max']:.3f})" if "epoch_vs_baseline" in r else "")
         table.append(cells)
     widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(header)]
     print("  ".join(h.rjust(w) for h, w in zip(header, widths)))
@@ -204,7 +245,7 @@ def print_summary(summary, meta):
 
 def _plot(summary, path, meta):
     plt = pyplot()
-    labels = [f"{r['model']}\n{r['loader']}" for r in summary]
+    labels = ["\n".join(str(r[k]) for k in ("model", "condition", "loader") if k in r) for r in summary]
     parts = [("sample_s", "sampling"), ("gather_s", "feature gather/copy"), ("train_s", "training")]
     fig, ax = plt.subplots(figsize=(max(5.0, 1.8 * len(summary)) + 1.0, 5.2))
     bottom = [0.0] * len(summary)
@@ -221,7 +262,8 @@ def _plot(summary, path, meta):
     steady = "steady epoch, median over seeds" if summary and summary[0]["first_epoch_left_out"] else \
         "one epoch, median over seeds"
     ax.set_ylabel(f"seconds per epoch ({steady})")
-    ax.set_title(f"Epoch breakdown: {meta.get('dataset', '')} on {meta.get('device', 'cpu')}")
+    policy = f", OpenMP wait policy {meta['openmp_wait_policy']}" if "openmp_wait_policy" in meta else ""
+    ax.set_title(f"Epoch breakdown: {meta.get('dataset', '')} on {meta.get('device', 'cpu')}{policy}")
     # Below the axes, where no bar or label can sit under it.
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4, frameon=False)
     save_figure(fig, path)

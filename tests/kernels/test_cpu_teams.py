@@ -295,3 +295,19 @@ def test_fork_while_another_thread_compiles_does_not_hang_the_child(tmp_path, wa
     proc = subprocess.run([sys.executable, "-c", _FORK_WHILE_COMPILING.format(warm=warm_code)], capture_output=True,
                           encoding="utf-8", errors="replace", timeout=300, env=env)
     assert proc.returncode == 0 and "child 0" in proc.stdout, (proc.stdout, proc.stderr[-2000:])
+
+
+@pytest.mark.parametrize("env,want", [
+    ({}, "spin 300000"), ({"OMP_WAIT_POLICY": "PASSIVE"}, "passive"), ({"OMP_WAIT_POLICY": "active"}, "active"),
+    ({"GOMP_SPINCOUNT": "10000"}, "spin 10000"),
+    ({"GOMP_SPINCOUNT": "10k", "OMP_WAIT_POLICY": "passive"}, "spin 10000"),
+    ({"GOMP_SPINCOUNT": "0"}, "passive"), ({"GOMP_SPINCOUNT": "infinite"}, "active"),
+    ({"OMP_WAIT_POLICY": "sometimes"}, "spin 300000")])
+def test_the_wait_policy_is_read_as_libgomp_reads_it(monkeypatch, env, want):
+    from directload.kernels.cpu import wait_policy
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert wait_policy() == want
