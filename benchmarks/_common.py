@@ -14,9 +14,9 @@ from directload.harness.plotting import pyplot, save_figure  # re-exported for t
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
-__all__ = ["RESULTS", "prepare_cpu_kernels", "median_time", "interleaved_medians", "cuda_event_timer",
-           "cuda_median_time", "system_facts", "write_json", "print_table", "pyplot", "save_figure", "grouped_bars",
-           "cpu_hog"]
+# GPU timing (host, GPU and pipelined time apart) lives in _gpu.py.
+__all__ = ["RESULTS", "prepare_cpu_kernels", "median_time", "interleaved_medians", "system_facts", "write_json",
+           "print_table", "table_text", "pyplot", "save_figure", "grouped_bars", "cpu_hog"]
 
 
 def prepare_cpu_kernels():
@@ -68,28 +68,6 @@ def _wall(fn):
     return time.perf_counter() - t0
 
 
-def cuda_event_timer(fn):
-    """GPU time of one ``fn()`` call, from CUDA events on the current stream."""
-    import torch
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3
-
-
-def cuda_median_time(fn, reps, warmup=1):
-    """Median GPU time of ``fn()`` in seconds, bracketed by CUDA events on the current stream."""
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    return statistics.median(cuda_event_timer(fn) for _ in range(reps))
-
-
 def system_facts():
     """What the numbers were measured on."""
     import numba
@@ -111,20 +89,30 @@ def system_facts():
 
 
 def write_json(name, payload):
-    """Write ``benchmarks/results/<name>.json``; returns the path."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    """Write ``benchmarks/results/<name>.json`` (``name`` may name a subfolder); returns the path."""
     path = RESULTS / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2))
     return path
 
 
 def print_table(rows, columns):
     """Print a list of dicts as an aligned text table, in ``columns`` order."""
+    print(table_text(rows, columns))
+
+
+def table_text(rows, columns):
+    """A list of dicts as an aligned text table, in ``columns`` order (floats to 2 decimals).
+
+    >>> print(table_text([{"a": 1.5, "bb": "x"}], ["a", "bb"]))
+       a  bb
+    1.50   x
+    """
     cells = [[_fmt(r.get(c, "")) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    print("  ".join(c.rjust(w) for c, w in zip(columns, widths)))
-    for row in cells:
-        print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
+    widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
 
 
 def _fmt(v):

@@ -1,70 +1,299 @@
-"""The GPU suite: gpu-marked tests plus the benchmarks, on a CUDA machine, into one report.
+"""The GPU suite: every GPU benchmark and the hot-path tests on a CUDA machine, most decisive first, into
+one report written as it goes.
 
-Run ``python benchmarks/gpu_suite.py`` (or ``directload bench gpu``).  Without a
-CUDA device it says so and exits 0, having measured nothing.
+Run ``python benchmarks/gpu_suite.py`` (or ``directload bench gpu``; ``scripts/gpu_lease.sh`` on a lent
+machine).  Sections, in order, each with a time budget (``--plan`` prints them and exits):
+
+1. ``sort``: sorted vs unsorted ids (the ``+sort`` variants, and ids the caller sorted);
+2. ``tablesize``: one gather over tables of 256 MiB to 16 GiB;
+3. ``kernels``: every candidate (rowvec widths, naive, aligned, ``index_select``) vs torch's
+   ``index_select`` and the ideal copy; ``unified[idx]`` against the goals; the alignment sweep;
+4. ``tuner``: the tuner's choice vs an exhaustive sweep (within 5%?);
+5. ``epoch``: a PyG-lane GraphSAGE epoch, PyG's loader against directload's;
+6. ``hotpath``: ``pytest tests/gpu tests/kernels tests/unified`` with ``DIRECTLOAD_SYNC_DEBUG=1`` (the
+   ``sync_debug`` fixture runs the gathers under ``torch.cuda.set_sync_debug_mode("error")``).
+
+Each section is appended to ``benchmarks/results/gpu_report.md`` when it ends, so a run killed midway
+leaves a report of what it finished.  A section's scripts get its budget (``--budget-s``: they start no
+new point after it) and are stopped at it plus a grace.  Without a CUDA device it says so and exits 0,
+having measured nothing (``--plan`` works anywhere).
 """
 
 import argparse
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, system_facts  # noqa: E402
+from _common import RESULTS  # noqa: E402
+from _report import Report  # noqa: E402
 
-from directload.capabilities import capabilities  # noqa: E402
+from directload.harness.cli import HelpFormatter  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-# (name, script, arguments): every benchmark that has a GPU mode.
-BENCHMARKS = [
-    ("gather_bandwidth", "gather_bandwidth.py", ["--device", "cuda", "--name", "gpu_gather_bandwidth"]),
-    ("alignment_sweep", "alignment_sweep.py", ["--name", "gpu_alignment_sweep"]),
-    ("unified_gather", "unified_gather.py", ["--name", "gpu_unified_gather"]),
-    ("loader_e2e", "loader_e2e.py", ["--device", "cuda", "--seeds", "1", "--epochs", "2",
-                                     "--out", "benchmarks/results/gpu", "--no-progress"]),
-]
+#: Seconds a step may run past its budget to print and write what it measured, before it is stopped.
+GRACE_S = 30
+#: A section starts only with at least this share of its budget left.
+FLOOR = 0.5
 
 
-def _run(cmd, log):
-    t0 = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    log.write(f"$ {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}\n")
-    return proc, time.time() - t0
+@dataclass(frozen=True)
+class Step:
+    """One command of a section: ``argv`` after the Python interpreter, its share of the section's time,
+    extra environment, and whether it takes ``--budget-s``."""
+
+    argv: tuple
+    share: float = 1.0
+    env: dict = field(default_factory=dict)
+    budgeted: bool = True
+
+
+@dataclass(frozen=True)
+class Section:
+    """A titled part of the report: its steps, and its budget in seconds, full and ``--quick``."""
+
+    key: str
+    title: str
+    budget_s: int
+    quick_s: int
+    steps: tuple
+    quick_steps: tuple = ()
+
+    def steps_for(self, quick):
+        return self.quick_steps if quick and self.quick_steps else self.steps
+
+
+def _bench(script, *args, share=1.0):
+    return Step(("benchmarks/" + script, *args), share)
+
+
+SECTIONS = (
+    Section("sort", "1. Sorted vs unsorted ids", 100, 45,
+            (_bench("gather_bandwidth.py", "--device", "cuda", "--variants", "index_select", "rowvec", "aligned",
+                    "--row-bytes", "256", "1024", "4096", "--counts", "16384", "131072", "--gather-mib",
+                    "--no-tuner", "--name", "gpu/sort"),),
+            (_bench("gather_bandwidth.py", "--device", "cuda", "--variants", "index_select", "rowvec", "aligned",
+                    "--row-bytes", "256", "1024", "--counts", "131072", "--gather-mib", "--no-tuner", "--quick",
+                    "--name", "gpu/sort"),)),
+    Section("tablesize", "2. Table-size sweep (256 MiB to 16 GiB)", 180, 75,
+            (_bench("table_size_sweep.py", "--name", "gpu/table_size"),),
+            (_bench("table_size_sweep.py", "--quick", "--name", "gpu/table_size"),)),
+    Section("kernels", "3. New kernels vs aligned vs index_select", 260, 120,
+            # Caller-sorted ids are section 1's and 2's; here every candidate, +sort variants included.
+            (_bench("gather_bandwidth.py", "--device", "cuda", "--id-order", "random", "--name",
+                    "gpu/gather_bandwidth", share=0.5),
+             _bench("unified_gather.py", "--name", "gpu/unified_gather", share=0.3),
+             _bench("alignment_sweep.py", "--name", "gpu/alignment_sweep", share=0.2)),
+            (_bench("gather_bandwidth.py", "--device", "cuda", "--id-order", "random", "--quick", "--name",
+                    "gpu/gather_bandwidth", share=0.5),
+             _bench("unified_gather.py", "--row-bytes", "400", "2052", "--counts", "1024", "131072", "--reps", "5",
+                    "--name", "gpu/unified_gather", share=0.3),
+             _bench("alignment_sweep.py", "--reps", "5", "--count", "16384", "--name", "gpu/alignment_sweep",
+                    share=0.2))),
+    Section("tuner", "4. The tuner vs an exhaustive sweep", 150, 60,
+            (_bench("tuner_check.py", "--name", "gpu/tuner_check"),),
+            (_bench("tuner_check.py", "--quick", "--name", "gpu/tuner_check"),)),
+    Section("epoch", "5. The PyG-lane epoch", 180, 120,
+            (Step(("benchmarks/loader_e2e.py", "--framework", "pyg", "--device", "cuda", "--seeds", "1", "--epochs",
+                   "2", "--out", "benchmarks/results/gpu", "--no-progress"), budgeted=False),)),
+    # The GPU tests first: a run stopped at its budget has them.
+    Section("hotpath", "6. Hot-path checks: the GPU, kernel and unified tests under sync debug mode", 180, 120,
+            (Step(("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu", "tests/kernels", "tests/unified"),
+                  env={"DIRECTLOAD_SYNC_DEBUG": "1"}, budgeted=False),)),
+)
+
+
+def allot(section, left, quick, floor=FLOOR):
+    """Seconds to give ``section`` with ``left`` seconds of the run remaining (None: no limit), or None when
+    less than ``floor`` of its budget is left.  Pure.
+
+    >>> s = SECTIONS[0]
+    >>> allot(s, None, False), allot(s, 1000, False), allot(s, 60, False), allot(s, 40, False)
+    (100, 100, 60, None)
+    """
+    want = section.quick_s if quick else section.budget_s
+    if left is None:
+        return want
+    if left < floor * want:
+        return None
+    return min(want, int(left))
+
+
+def plan(sections, *, quick=False, only=None, total_s=None):
+    """``(rows, skipped)``: the sections that would run, in order, with the seconds each is given if every
+    section uses its whole budget, and a line for each left out.  Pure.
+
+    >>> rows, skipped = plan(SECTIONS, only={"sort", "tuner"}, total_s=200)
+    >>> [(r["section"], r["budget s"]) for r in rows], skipped
+    ([('sort', 100), ('tuner', 100)], [])
+    >>> plan(SECTIONS, total_s=120)[1][0]
+    '2. Table-size sweep (256 MiB to 16 GiB): skipped, 20 s left of the run and it needs at least 90 s'
+    """
+    rows, skipped, left = [], [], total_s
+    for s in sections:
+        if only and s.key not in only:
+            continue
+        seconds = allot(s, left, quick)
+        if seconds is None:
+            want = s.quick_s if quick else s.budget_s
+            skipped.append(f"{s.title}: skipped, {left:.0f} s left of the run and it needs at least "
+                           f"{FLOOR * want:.0f} s")
+            continue
+        rows.append({"section": s.key, "title": s.title, "budget s": seconds,
+                     "steps": "; ".join(" ".join(step.argv) for step in s.steps_for(quick))})
+        left = None if left is None else left - seconds
+    return rows, skipped
+
+
+def step_budgets(section, seconds, quick):
+    """``[(step, seconds)]``: the section's seconds shared among its steps by their shares.  Pure.
+
+    >>> [round(b) for _, b in step_budgets(SECTIONS[2], 200, False)]
+    [100, 60, 40]
+    """
+    steps = section.steps_for(quick)
+    total = sum(s.share for s in steps)
+    return [(s, seconds * s.share / total) for s in steps]
+
+
+def clean_output(text, tail=None):
+    """A step's output for the report: progress bars left out (the last state of a ``\\r``-redrawn line
+    only, and no tqdm bar), and only the last ``tail`` lines where given.  Pure.
+
+    >>> clean_output("a\\n 50%|##   | 1/2\\rdone 100%|####| 2/2 [00:01<00:00, 2.0it/s]\\nb\\n")
+    'a\\nb'
+    """
+    lines = []
+    for line in text.splitlines():
+        line = line.rsplit("\r", 1)[-1]
+        if "it/s]" in line or "s/it]" in line or ("%|" in line and "|" in line.split("%|", 1)[1]):
+            continue
+        lines.append(line)
+    text = "\n".join(lines).strip("\n")
+    return "\n".join(text.splitlines()[-tail:]) if tail else text
+
+
+def run_step(step, seconds, log_path):
+    """Run one step in its own session, its output to ``log_path``; stop it (the whole process group) at
+    ``seconds`` plus :data:`GRACE_S`.  ``(exit status or None if stopped, seconds taken)``."""
+    argv = [sys.executable, *step.argv]
+    if step.budgeted:
+        argv += ["--budget-s", f"{max(1.0, seconds - GRACE_S):.0f}"]
+    env = {**os.environ, **step.env}
+    t0 = time.monotonic()
+    with open(log_path, "w") as log:
+        log.write(f"$ {' '.join(argv)}\n")
+        log.flush()
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        try:
+            code = proc.wait(timeout=seconds + GRACE_S)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            code = None
+    return code, time.monotonic() - t0
+
+
+def _stop(proc):
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def section_text(section, seconds, results):
+    """The report's Markdown for one finished section: its title, budget and time, and per step the
+    command, how it ended and its output.  ``results``: ``[(step, exit or None, seconds, output)]``.  Pure."""
+    took = sum(r[2] for r in results)
+    parts = [f"## {section.title}\n\nbudget {seconds:.0f} s, took {took:.0f} s."]
+    for step, code, secs, output in results:
+        ended = "stopped at its budget" if code is None else f"exit {code}"
+        parts.append(f"`{' '.join(step.argv)}` ({secs:.0f} s, {ended})\n\n```\n{output}\n```")
+    return "\n\n".join(parts) + "\n"
+
+
+def _head():
+    from _common import system_facts
+
+    from directload.capabilities import capabilities
+
+    return (f"# directload GPU report\n\nMeasured on {capabilities().device_name} by `directload bench gpu` "
+            f"(benchmarks/gpu_suite.py); each section was written when it ended.\n\n```json\n"
+            f"{json.dumps(system_facts(), indent=2)}\n```\n")
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
+    p.add_argument("--quick", action="store_true", help="each section's smaller sweep and budget")
+    p.add_argument("--sections", nargs="+", choices=[s.key for s in SECTIONS],
+                   help="only these sections (in the suite's order); default: all")
+    p.add_argument("--budget-s", type=float, help="seconds the whole run may take; a section that no longer "
+                                                  "has half its budget left is skipped, with a line")
+    p.add_argument("--keep-report", action="store_true",
+                   help="add to the sections already in the report (a run split over several calls) instead of "
+                        "starting a new one")
+    p.add_argument("--plan", action="store_true", help="print the sections and their budgets, then exit")
+    p.add_argument("--report", default=str(RESULTS / "gpu_report.md"))
+    return p
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="smaller benchmark sweeps")
-    args = p.parse_args(argv)
-    caps = capabilities()
-    if not caps.cuda:
+    args = build_parser().parse_args(argv)
+    only = set(args.sections or ())
+    if args.plan:
+        rows, skipped = plan(SECTIONS, quick=args.quick, only=only, total_s=args.budget_s)
+        for r in rows:
+            print(f"{r['budget s']:>5} s  {r['section']:<10}{r['title']}\n{'':19}{r['steps']}")
+        print(f"in all {sum(r['budget s'] for r in rows)} s at most" + "".join(f"\n{line}" for line in skipped))
+        return 0
+    from directload.capabilities import capabilities
+
+    if not capabilities().cuda:
         print("no CUDA device on this machine: the GPU suite measures nothing here (CPU lanes: scripts/dev.sh test)")
         return 0
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    report = RESULTS / "gpu_report.md"
-    head = (f"# directload GPU report\n\nMeasured on {caps.device_name}.\n\n```json\n"
-            f"{json.dumps(system_facts(), indent=2)}\n```\n\n")
+    return run(args, only)
 
-    def write(sections):  # after every step, so a run cut short still leaves what it measured
-        report.write_text(head + "\n".join(sections))
 
-    with open(RESULTS / "gpu_suite.log", "w") as log:
-        tests, secs = _run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "tests/gpu", "-p", "no:cacheprovider"],
-                           log)
-        sections = [f"## gpu-marked tests ({secs:.0f} s, exit {tests.returncode})\n\n```\n"
-                    + "\n".join(tests.stdout.strip().splitlines()[-15:]) + "\n```\n"]
-        write(sections)
-        ok = tests.returncode == 0
-        for name, script, extra in BENCHMARKS:
-            quick = ["--quick"] if args.quick and name == "gather_bandwidth" else []
-            proc, secs = _run([sys.executable, f"benchmarks/{script}", *extra, *quick], log)
-            ok &= proc.returncode == 0
-            table = "\n".join(line for line in proc.stdout.splitlines() if "it/s" not in line and "%|" not in line)
-            sections.append(f"## {name} ({secs:.0f} s, exit {proc.returncode})\n\n```\n{table.strip()}\n```\n")
-            write(sections)
-    print(f"wrote {report} (full output in {RESULTS / 'gpu_suite.log'})")
+def run(args, only):
+    t0 = time.monotonic()
+    logs = RESULTS / "gpu" / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    report = Report(args.report, _head(), keep=args.keep_report)
+    report.write()
+    ok = True
+    for section in SECTIONS:
+        if only and section.key not in only:
+            continue
+        left = None if args.budget_s is None else args.budget_s - (time.monotonic() - t0)
+        seconds = allot(section, left, args.quick)
+        if seconds is None:
+            report.put(section.key, f"## {section.title}\n\nskipped: {left:.0f} s of the run's budget were left.\n")
+            continue
+        print(f"[{time.monotonic() - t0:.0f} s] {section.title} (budget {seconds} s)", flush=True)
+        results, started = [], time.monotonic()
+        steps = step_budgets(section, seconds, args.quick)
+        for k, (step, share) in enumerate(steps):
+            # What earlier steps left unused goes to the later ones, by their shares.
+            rest = sum(b for _, b in steps[k:])
+            share = max(share, (seconds - (time.monotonic() - started)) * share / rest)
+            log = logs / f"{section.key}-{k}.log"
+            code, secs = run_step(step, share, log)
+            ok &= code == 0
+            output = clean_output(log.read_text(), tail=40 if not step.budgeted else None)
+            results.append((step, code, secs, output))
+            report.put(section.key, section_text(section, seconds, results))  # after every step too
+    print(f"wrote {report.path} (each step's whole output in {logs})")
     return 0 if ok else 1
 
 

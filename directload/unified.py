@@ -307,22 +307,48 @@ def _gather(table, index, negative_from_end=False):
     check_readable(index, "index")
     if negative_from_end and index.numel():
         n_rows = host.shape[0]
-        lo = int(index.min())
-        if lo < 0:
-            if lo < -n_rows:
-                raise out_of_range(lo, n_rows, negatives=True)
+        if index.is_cuda:  # no sync: ids below -n_rows stay negative, and the kernel reports them (shifted)
             index = torch.where(index < 0, index + n_rows, index)
+        else:
+            index = _from_end_cpu(index, n_rows)
     device = index_device(table, index, has_cuda=_has_cuda())
     if device.type == "cuda" and not index.is_cuda:
-        index = index.to(device, non_blocking=True)
-    if device.type == "cpu" and index.is_cuda:
-        index = index.cpu()
+        # Checked here, where it costs nothing, then copied from pinned staging: a copy from pageable
+        # memory would wait for the stream.
+        _check_cpu_ids(index, host.shape[0])
+        index = index.pin_memory().to(device, non_blocking=True)
+    if device.type == "cpu" and index.is_cuda:  # a table the GPU cannot map: the ids come to the CPU kernel
+        index = _ids_to_host(index)
     # The plain host view, so the kernel's checks do not re-enter __torch_function__;
     # gather reads its pinned state to decide whether a GPU may map it.
     if index.dim() == 1:
         return gather(host, index)
     out = gather(host, index.reshape(-1))
     return out.reshape(*index.shape, *host.shape[1:])
+
+
+def _ids_to_host(index):
+    """CUDA ids for a gather that runs on the CPU (the caller asked for it: a copy back, which waits)."""
+    return index.cpu()
+
+
+def _from_end_cpu(index, n_rows):
+    """CPU ids with ``-1`` as the last row, as row ids (checked here: a CPU read costs no sync)."""
+    lo = int(index.min())
+    if lo >= 0:
+        return index
+    if lo < -n_rows:
+        raise out_of_range(lo, n_rows, negatives=True)
+    return torch.where(index < 0, index + n_rows, index)
+
+
+def _check_cpu_ids(index, n_rows):
+    """``IndexError`` for a CPU id outside ``[0, n_rows)``, before it travels to the GPU (ints only)."""
+    if index.numel() and index.dtype in (torch.int32, torch.int64):
+        lo, hi = torch.aminmax(index).tolist()
+        if lo < 0 or hi >= n_rows:
+            bad = int(((index < 0) | (index >= n_rows)).nonzero()[0, 0])
+            raise out_of_range(int(index.reshape(-1)[bad]), n_rows, position=bad)
 
 
 def _write(func, args, kwargs):

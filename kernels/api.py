@@ -9,20 +9,22 @@ import threading
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from directload.capabilities import capabilities
 
-from . import cpu
+from . import cpu, gpu_path
 from .carriers import CARRIERS, ELEMENT_SIZES
 from .cpu import first_invalid
 from .devices import memory_of, read_devices
 from .host_bytes import nbytes_of
 from .host_pool import default_pool
 from .operands import check_readable, memory_span, out_of_range, overlaps
+from .tune_keys import key_for
+from .tuner import get_tuner
+from .variants import Variant, candidates, legal_width
 
 __all__ = ["gather", "gather_async", "GatherFuture", "resolve_backend", "check_devices", "check_no_overlap",
            "launcher", "BACKENDS"]
@@ -103,11 +105,13 @@ def _src_location(src):
     return memory if isinstance(memory, str) else "cuda"
 
 
-def _check_index(index, n_rows, *, cpu_bounds=True):
+def _check_index(index, n_rows, *, cpu_bounds=True, strict=False):
     """The index as a contiguous tensor, after dtype, shape and range checks.
 
     ``cpu_bounds=False`` leaves the range check of a CPU index to the kernel,
-    which checks every index before it writes anything (one pass, not two).
+    which checks every index before it writes anything (one pass, not two).  A CUDA
+    index is range-checked by the GPU kernel (:mod:`kernels.bounds`), never read here,
+    unless ``strict`` (one sync: :func:`_strict_bounds`).
     """
     if isinstance(index, np.ndarray):
         index = torch.from_numpy(index)
@@ -120,15 +124,27 @@ def _check_index(index, n_rows, *, cpu_bounds=True):
         raise ValueError(f"index must be 1-D, got {index.dim()}-D with shape {tuple(index.shape)}")
     index = index.contiguous()
     if index.is_cuda:
-        if index.numel():
-            lo, hi = (int(v) for v in torch.aminmax(index))  # one sync
-            if lo < 0 or hi >= n_rows:
-                raise out_of_range(lo if lo < 0 else hi, n_rows)
+        if strict:
+            _strict_bounds(index, n_rows)
     elif cpu_bounds:
-        bad = first_invalid(index.numpy(), n_rows)
-        if bad >= 0:
-            raise out_of_range(int(index[bad]), n_rows, position=bad)
+        _cpu_bounds(index, n_rows)
     return index
+
+
+def _cpu_bounds(index, n_rows):
+    """Raise if a CPU id is out of range (a read of host memory, no sync)."""
+    bad = first_invalid(index.numpy(), n_rows)
+    if bad >= 0:
+        raise out_of_range(int(index[bad]), n_rows, position=bad)
+
+
+def _strict_bounds(index, n_rows):
+    """``strict=True``: raise now if a CUDA id is out of range, after one device-to-host sync."""
+    if index.numel():
+        lo, hi = torch.aminmax(index).tolist()  # the one sync of strict mode
+        if lo < 0 or hi >= n_rows:
+            bad = int(((index < 0) | (index >= n_rows)).nonzero()[0, 0])
+            raise out_of_range(int(index[bad]), n_rows, position=bad)
 
 
 def _check_src(src):
@@ -184,7 +200,6 @@ def check_no_overlap(out, src, index):
                              "pass a separate out (or clone() the input first)")
 
 
-@dataclass
 class GatherFuture:
     """A gather in flight.  :meth:`wait` gives the output tensor.
 
@@ -192,8 +207,14 @@ class GatherFuture:
     caller's thread and its OpenMP team: the CPU has no queue to put it on),
     unless it was started with ``background=True``, in which case a worker
     thread runs it and ``wait()`` blocks until it is done.  A GPU gather is
-    launched at once; ``wait()`` makes the caller's current CUDA stream wait
-    for it (no host block), so the tensor is safe to use in stream order.
+    launched at once on the caller's current stream; ``wait()`` orders a caller
+    now on another stream after it (no host block), so the tensor is safe to
+    use in stream order.
+
+    A CUDA gather checks its ids on the GPU (see :mod:`kernels.bounds`): ``wait()``
+    and ``done()`` raise ``IndexError`` if the kernel has already reported an id out
+    of range, :meth:`check` waits for the kernel and then tells for sure, and the
+    next gather on the device raises what no one has seen yet.
 
     Examples
     --------
@@ -210,25 +231,48 @@ class GatherFuture:
     tensor([[2., 3.]])
     """
 
-    _result: object
-    _out: torch.Tensor
-    _event: object = None
+    __slots__ = ("_result", "_out", "_stream", "_bounds", "_stamp")
+
+    def __init__(self, result, out, stream=None, bounds=None, stamp=0):
+        self._result = result
+        self._out = out
+        self._stream = stream  # the CUDA stream a GPU gather was launched on
+        self._bounds = bounds
+        self._stamp = stamp
 
     def wait(self):
         """Finish the gather and return its output tensor."""
-        if self._event is not None:
-            torch.cuda.current_stream(self._out.device).wait_event(self._event)
+        if self._stream is not None:
+            current = torch.cuda.current_stream(self._out.device)
+            if current.cuda_stream != self._stream.cuda_stream:
+                # An event recorded now follows the kernel (and what came after it on that stream).
+                current.wait_event(self._stream.record_event())
+            self._bounds.raise_for(self._stamp)
         elif self._result is not None:
             self._result.result()  # re-raises the worker's exception, traceback intact
         return self._out
 
     def done(self):
         """Whether the gather has finished (never blocks)."""
-        if self._event is not None:
-            return self._event.query()
+        if self._stream is not None:
+            if not self._stream.query():  # the stream's work so far, this gather included
+                return False
+            self._bounds.raise_for(self._stamp)
+            return True
         if self._result is not None:
             return self._result.done()
         return True
+
+    def check(self):
+        """Wait (on the host) for the gather to finish and raise ``IndexError`` if an id was out of range.
+
+        The one way to be sure of a CUDA gather's ids before using its rows; a sync.  Returns the output.
+        """
+        if self._stream is not None:
+            self._stream.record_event().synchronize()
+            self._bounds.raise_for(self._stamp)
+            return self._out
+        return self.wait()
 
 
 _pool = None
@@ -364,11 +408,11 @@ def _index_select(src, index, out):
     return -1
 
 
-def _plan(src, index, out, backend, *, cpu_bounds):
+def _plan(src, index, out, backend, *, cpu_bounds, strict=False):
     """Check everything and pick the backend: ``(name, index, out)``, out allocated if None."""
     _check_src(src)
     n_rows = src.shape[0]
-    index = _check_index(index, n_rows, cpu_bounds=cpu_bounds)
+    index = _check_index(index, n_rows, cpu_bounds=cpu_bounds, strict=strict)
     shape = (index.shape[0], *src.shape[1:])
     if index.is_cuda:
         loc = _src_location(src)
@@ -394,32 +438,106 @@ def _run_cpu(src, index, out, aligned, fresh_out):
     return _cpu_kernel(_host_bits(src), index, out, _fresh_bits(out) if fresh_out else _host_bits(out), aligned)
 
 
-def gather_async(src, index, *, out=None, backend="auto", aligned=True, background=False):
+def gather_async(src, index, *, out=None, backend="auto", aligned=True, background=False, variant=None,
+                 strict=False):
     """Start ``out[i] = src[index[i]]`` and return a :class:`GatherFuture`.
 
     Same arguments, checks and memory contract as :func:`gather`, which is
-    exactly ``gather_async(...).wait()``.  Every check runs before this
-    returns, so a bad input raises here, not in ``wait()``.  A GPU gather is
-    launched at once; a CPU gather runs at once on the caller's thread, or on a
-    worker thread with ``background=True`` (see :class:`GatherFuture`).
+    exactly ``gather_async(...).wait()``.  Every check of the arguments runs before
+    this returns, so a bad input raises here, not in ``wait()``; CUDA ids are
+    checked on the GPU (see :func:`gather`).  A GPU gather is launched at once; a
+    CPU gather runs at once on the caller's thread, or on a worker thread with
+    ``background=True`` (see :class:`GatherFuture`).
     """
-    if not background and backend in ("auto", "cpu"):
+    if type(index) is torch.Tensor and index.is_cuda:
+        if not (background or strict or out is not None) and backend == "auto":
+            done = _gather_gpu_fast(src, index, aligned, variant)
+            if done is not None:
+                return done
+    elif variant is None and not background and backend in ("auto", "cpu"):
         done = _gather_cpu_fast(src, index, out, aligned)
         if done is not None:
             return GatherFuture(None, done)
+    chosen = gpu_path.as_variant(variant)
     fresh = out is None
     # Run now, the CPU kernel checks the index range itself before it writes: one pass over the index.
-    name, index, out = _plan(src, index, out, backend, cpu_bounds=background)
+    name, index, out = _plan(src, index, out, backend, cpu_bounds=background, strict=strict)
+    if chosen is not None and not index.is_cuda:
+        raise ValueError("variant chooses among GPU kernels: it needs CUDA ids (a CPU index runs the CPU kernel)")
+    if index.is_cuda:
+        if chosen is None and not aligned:
+            chosen = Variant("naive")
+        return _launch_gpu(gpu_path.table_for(src, index.device, name), index, out, chosen)
     if out.numel() == 0:
-        if not background and not index.is_cuda and index.numel():  # zero-width rows: the ids must still exist
+        if not background and index.numel():  # zero-width rows: the ids must still exist
             _check_index(index, src.shape[0])
         return GatherFuture(None, out)
-    if name == "cpu":
-        work = functools.partial(_run_cpu, src, index, out, aligned, fresh)
-        if background:
-            return GatherFuture(_cpu_pool().submit(work), out)
-        return GatherFuture(None, work())
-    return _launch_gpu(name, src, index, out, aligned)
+    work = functools.partial(_run_cpu, src, index, out, aligned, fresh)
+    if background:
+        return GatherFuture(_cpu_pool().submit(work), out)
+    return GatherFuture(None, work())
+
+
+def _gather_gpu_fast(src, index, aligned, variant):
+    """The common GPU gather, over a table gathered before on this device: a cache hit and cheap attribute
+    checks, then the launch; ``None`` when anything is unusual (the general path then checks it all).
+    Reads nothing from the device."""
+    table = gpu_path.cached_table(src, index.device)
+    if (table is None or table.backend != _auto_backend() or index.dtype not in _INDEX_DTYPES
+            or index.dim() != 1 or not index.is_contiguous() or index.layout != torch.strided):
+        return None
+    out = torch.empty((index.shape[0], *table.row_shape), dtype=table.dtype, device=index.device)
+    chosen = gpu_path.as_variant(variant) if variant is not None else (None if aligned else Variant("naive"))
+    return _launch_gpu(table, index, out, chosen)
+
+
+def _auto_backend():
+    """The backend ``"auto"`` takes for CUDA ids on this machine."""
+    caps = capabilities()
+    return "cupy" if caps.cupy else "numba_cuda"
+
+
+def _launch_gpu(table, index, out, variant):
+    """Launch on the caller's current stream of the ids' device; no host sync, no event."""
+    if index.shape[0] and table.n_rows == 0:
+        _no_rows(index)
+    if index.shape[0] == 0 or table.row_bytes == 0:
+        table.bounds.raise_pending()
+        return GatherFuture(None, out)
+    stream = torch.cuda.current_stream(table.device)
+    if variant is None:
+        variant = table.variant_for(index.shape[0], out.data_ptr(), _tuned)
+    if table.device_index != torch.cuda.current_device():
+        with torch.cuda.device(table.device):
+            stamp = gpu_path.launch(table, index, out, variant, stream)
+    else:
+        stamp = gpu_path.launch(table, index, out, variant, stream)
+    return GatherFuture(None, out, stream, table.bounds, stamp)
+
+
+def _no_rows(index):
+    """Every id is out of range of a table of no rows: raise, naming the first (a sync, on the error path)."""
+    raise out_of_range(int(index[0]), 0, position=0)
+
+
+def _tuned(table, n, out_ptr):
+    """The tuner's variant for ``n`` ids over ``table``: cached, else timed now over random ids in range
+    (``kernels.tuner``; None where timing is off, for the default)."""
+    tuner = get_tuner()
+    if not tuner.enabled:
+        return None
+    key = key_for(table.device, table.row_bytes, table.elem, n, table.n_rows,
+                  align=legal_width(table.row_bytes, table.ptr, out_ptr))
+    found = tuner.lookup(key)
+    if found is not None:
+        return found
+    ids = torch.randint(0, table.n_rows, (n,), device=table.device)
+    scratch = torch.empty((n, *table.row_shape), dtype=table.dtype, device=table.device)
+
+    def run(variant):
+        gpu_path.launch(table, ids, scratch, variant, torch.cuda.current_stream(table.device))
+
+    return tuner.choose(key, candidates(table.row_bytes, table.ptr, out_ptr), run)
 
 
 def vector_units(row_bytes, src_addr, out_addr):
@@ -443,19 +561,7 @@ def _gpu_bits(t, rows, vector):
     return _bits(t, rows)
 
 
-def _launch_gpu(name, src, index, out, aligned):
-    row_bytes = src.element_size() * math.prod(src.shape[1:])
-    vector = aligned and vector_units(row_bytes, src.data_ptr(), out.data_ptr())
-    with torch.cuda.device(index.device):
-        stream = torch.cuda.current_stream()
-        launcher(name)(_gpu_bits(src, src.shape[0], vector), index, _gpu_bits(out, out.shape[0], vector),
-                       aligned=aligned, stream=stream.cuda_stream)
-        event = torch.cuda.Event()
-        event.record(stream)
-    return GatherFuture(None, out, event)
-
-
-def gather(src, index, *, out=None, backend="auto", aligned=True):
+def gather(src, index, *, out=None, backend="auto", aligned=True, variant=None, strict=False):
     """Gather rows: ``out[i] = src[index[i]]``, bit-exact.
 
     Parameters
@@ -477,7 +583,18 @@ def gather(src, index, *, out=None, backend="auto", aligned=True):
         ``"auto"`` takes ``cpu`` for a CPU index and CuPy (else Numba) for a
         CUDA index.
     aligned : bool
-        Aligned circular-shift kernel (default), or the naive one.
+        On the CPU, the aligned kernel (default) or the naive one.  For CUDA
+        ids, ``False`` forces the naive GPU kernel; the default leaves the
+        choice to ``variant``.
+    variant : kernels.variants.Variant or str, optional
+        CUDA ids only: the GPU kernel, by :class:`~kernels.variants.Variant` or
+        name (``"rowvec16x8"``, ``"index_select+sort"``, ...).  None: the
+        tuner's choice for this table, row size and id count (see the tuning
+        guide), else rowvec at 16-byte loads.
+    strict : bool
+        CUDA ids only: check their range before the launch, at the cost of one
+        device-to-host sync, so an id out of range raises here.  By default
+        the kernel checks them (see below).
 
     Returns
     -------
@@ -503,14 +620,20 @@ def gather(src, index, *, out=None, backend="auto", aligned=True):
     ------
     IndexError
         An index value is negative or ``>= src.shape[0]`` (the message names the
-        value and the bound).
+        value, the bound and the position).  CPU ids are checked before
+        anything is written.  CUDA ids are checked by the GPU kernel, with no
+        host sync: a bad id is clamped (its row is some valid row) and the
+        kernel flags it; the error is raised by this call if the kernel has
+        finished when it returns, else by the next gather on that device, or
+        at once by ``gather_async(...).check()``.  ``strict=True`` raises
+        before the launch instead (one sync).
     TypeError
         Index dtype is not int32/int64 (float, bool, ...), or element size is not
         1, 2, 4 or 8 bytes, or ``out`` has the wrong dtype.
     ValueError
         Index is not 1-D, devices do not match, ``src``/``out`` not contiguous,
         ``out`` has the wrong shape, or ``out`` shares memory with ``src`` or
-        ``index``.
+        ``index``, or a ``variant`` with CPU ids.
 
     Examples
     --------
@@ -522,4 +645,8 @@ def gather(src, index, *, out=None, backend="auto", aligned=True):
             [ 0.,  1.,  2.],
             [ 9., 10., 11.]])
     """
-    return gather_async(src, index, out=out, backend=backend, aligned=aligned).wait()
+    future = gather_async(src, index, out=out, backend=backend, aligned=aligned, variant=variant, strict=strict)
+    if future._stream is not None:  # launched on this thread's current stream: ordered already
+        future._bounds.raise_for(future._stamp)
+        return future._out
+    return future.wait()

@@ -1,4 +1,10 @@
-"""CuPy backend: the CUDA C kernels of kernels/cuda/gather.cu, loaded through ``cupy.RawModule``."""
+"""CuPy backend: the CUDA C kernels of kernels/cuda/gather.cu, loaded from our own NVRTC cubins through CuPy.
+
+Every launch passes raw pointers as numpy scalars to a kernel handle cached per (device, specialisation), on a
+grid cached with it: persistent and grid-strided, as many blocks as the device holds at once (SMs x resident
+blocks per SM, from the occupancy API), never more than the work needs.  Nothing per call builds an array
+object, reads the device or synchronizes.
+"""
 
 import functools
 import hashlib
@@ -7,15 +13,18 @@ from pathlib import Path
 
 import numpy as np
 
-from .indexing import BLOCK, WARP, launch_grid
-from .interop import cuda_array
-from .nvrtc import compile_gather, kernel_name, tiered_kernel_name
+from .indexing import BLOCK, WARP, persistent_grid
+from .nvrtc import check_clamp_kernel_name, compile_gather, kernel_name, rowvec_kernel_name, tiered_kernel_name
 from .operands import check_launch
 from .sources import CUDA_DIR, cache_dir
+from .variants import Variant, legal_width
 
-__all__ = ["launch", "launch_tiered", "kernel", "tiered_kernel", "gather_rows", "gather_tiered_rows"]
+__all__ = ["launch", "launch_variant", "launch_check_clamp", "launch_tiered", "kernel", "tiered_kernel",
+           "gather_rows", "gather_tiered_rows"]
 
-_NULL = np.uint64(0)  # trace pointers: off
+_NULL = np.uint64(0)  # a null pointer argument (no pos, no err word, no trace)
+_NAIVE = Variant("naive")
+_ALIGNED = Variant("aligned")
 
 
 @functools.cache
@@ -59,30 +68,103 @@ def _function(device_id, name):
         return module.get_function(lowered_path.read_text())
 
 
-def gather_rows(src, idx, out, *, aligned=True, stream_ptr=0, grid=None, block=BLOCK):
-    """Launch ``gather_naive``/``gather_aligned`` on ``stream_ptr``: ``out[i] = src[idx[i]]``.
+@functools.cache
+def _sm_count(device_id):
+    import cupy
+
+    rt = cupy.cuda.runtime
+    return rt.deviceGetAttribute(rt.cudaDevAttrMultiProcessorCount, device_id)
+
+
+@functools.cache
+def _handle(device_id, name):
+    """``(function, resident)``: the kernel bound to the device, and the blocks of :data:`BLOCK` threads the device
+    holds at once (its SMs times the blocks per SM its registers allow)."""
+    import cupy
+
+    raw = _function(device_id, name)
+    with cupy.cuda.Device(device_id):
+        fn = raw.kernel  # the cupy.cuda.function.Function loaded on this device
+        per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, BLOCK, 0)
+    return fn, max(1, per_sm) * _sm_count(device_id)
+
+
+@functools.lru_cache(maxsize=64)
+def _stream(stream_ptr, device_id):
+    """A CuPy handle on a caller's ``cudaStream_t`` (RawKernel launches take ``stream=`` with its ``ptr``)."""
+    import cupy
+
+    return cupy.cuda.ExternalStream(stream_ptr, device_id)
+
+
+def _run(device_id, name, threads, args, stream_ptr):
+    fn, resident = _handle(device_id, name)
+    fn((persistent_grid(threads, resident),), (BLOCK,), args, 0, _stream(stream_ptr, device_id))
+
+
+def launch_variant(variant, *, device_id, src_ptr, n_rows, row_bytes, elem_bytes, index, positions, out_ptr,
+                   err_ptr, stamp, stream_ptr):
+    """Start ``out[positions[i] if positions is not None else i] = src[index[i]]`` on ``stream_ptr``.
+
+    No host sync, no event: an id out of ``[0, n_rows)`` is clamped and stores ``stamp`` into the error word.
 
     Parameters
     ----------
-    src, idx, out : cupy.ndarray
-        ``src`` ``[rows, row_elems]`` (device or mapped host memory), ``idx``
-        1-D int32/int64 in range, ``out`` ``[len(idx), row_elems]``; all C-contiguous
-        and on the current device.
-    aligned : bool
-        Which kernel.
+    variant : kernels.variants.Variant
+        ``rowvec`` (at its width and lanes), ``naive`` (one thread per element) or ``aligned`` (a warp per row,
+        on 16-byte units when the rows and both tables are 16-byte aligned).  ``variant.sorted`` is the caller's
+        business: it passes sorted ids and their permutation.
+    device_id : int
+        The CUDA device of the ids, the output and the stream.
+    src_ptr, out_ptr : int
+        Addresses of the table (device memory, or pinned host memory mapped at the same address) and of a
+        contiguous output of ``len(index)`` rows on the device.
+    n_rows, row_bytes, elem_bytes : int
+        The table's rows, bytes per row and bytes per element.
+    index : torch.Tensor
+        Contiguous CUDA int32/int64 ids.
+    positions : torch.Tensor or None
+        Contiguous CUDA int64 output row of each id.
+    err_ptr : int
+        Device address of a 64-bit error word (pinned, mapped host memory), or 0: no flagging.
+    stamp : int
+        What a bad id stores into the error word.
     stream_ptr : int
-        ``cudaStream_t`` to launch on (torch's current stream, say); no sync.
-    grid, block : int, optional
-        Launch geometry.
+        The ``cudaStream_t`` to launch on.
     """
-    import cupy
+    n = index.shape[0]
+    if n == 0 or row_bytes == 0:
+        return
+    ids, pos = np.uint64(index.data_ptr()), _NULL if positions is None else np.uint64(positions.data_ptr())
+    src, out, err, bounds = np.uint64(src_ptr), np.uint64(out_ptr), np.uint64(err_ptr), np.int64(n_rows)
+    if variant.kernel == "rowvec":
+        args = (src, ids, pos, out, np.int64(n), np.int64(row_bytes), bounds, np.int32(variant.lanes), err,
+                np.uint64(stamp))
+        _run(device_id, rowvec_kernel_name(variant.width, index.element_size()), n * variant.lanes, args,
+             stream_ptr)
+        return
+    if variant.kernel not in ("naive", "aligned"):
+        raise ValueError(f"the CuPy backend launches rowvec, naive and aligned kernels, not {variant.kernel!r}")
+    aligned = variant.kernel == "aligned"
+    unit = 16 if aligned and legal_width(row_bytes, src_ptr, out_ptr) == 16 else elem_bytes
+    row_elems = row_bytes // unit
+    args = (src, ids, pos, out, np.int64(n), np.int64(row_elems), bounds, err, np.uint64(stamp), _NULL, _NULL)
+    _run(device_id, kernel_name(aligned, unit, index.element_size()), n * (WARP if aligned else row_elems), args,
+         stream_ptr)
 
-    row_elems = out.shape[1]
-    work = idx.shape[0] * (WARP if aligned else row_elems)
-    fn = kernel(src.device.id, aligned, src.itemsize, idx.itemsize)
-    blocks = grid or launch_grid(work, block)
-    with cupy.cuda.ExternalStream(stream_ptr):
-        fn((blocks,), (block,), (src, idx, out, cupy.int64(idx.shape[0]), cupy.int64(row_elems), _NULL, _NULL))
+
+def launch_check_clamp(*, device_id, index, clamped, n_rows, err_ptr, stamp, stream_ptr):
+    """Start ``clamped[i] = min(max(index[i], 0), n_rows - 1)`` on ``stream_ptr``, a bad id storing ``stamp`` into
+    the error word at ``err_ptr`` (0: none): the ids ``torch.index_select`` may then read.
+
+    ``index`` and ``clamped`` are contiguous CUDA tensors of one dtype, int32 or int64.
+    """
+    n = index.shape[0]
+    if n == 0:
+        return
+    args = (np.uint64(index.data_ptr()), np.uint64(clamped.data_ptr()), np.int64(n), np.int64(n_rows),
+            np.uint64(err_ptr), np.uint64(stamp))
+    _run(device_id, check_clamp_kernel_name(index.element_size()), n, args, stream_ptr)
 
 
 def launch(src, index, out, *, aligned=True, stream=0):
@@ -93,32 +175,43 @@ def launch(src, index, out, *, aligned=True, stream=0):
     ``cudaStream_t``.  Returns -1.
     """
     check_launch(src, index, out)
-    import cupy
-
-    gather_rows(cupy.asarray(cuda_array(src)), cupy.asarray(index), cupy.asarray(out), aligned=aligned,
-                stream_ptr=stream)
+    index = index.contiguous()
+    launch_variant(_ALIGNED if aligned else _NAIVE, device_id=index.device.index, src_ptr=src.data_ptr(),
+                   n_rows=src.shape[0], row_bytes=src.element_size() * src.shape[1], elem_bytes=src.element_size(),
+                   index=index, positions=None, out_ptr=out.data_ptr(), err_ptr=0, stamp=0, stream_ptr=stream)
     return -1
 
 
-def gather_tiered_rows(cache, flat, where, out, *, aligned=True, stream_ptr=0, grid=None, block=BLOCK):
-    """Launch ``gather_tiered_aligned``/``gather_tiered_naive`` (see ``kernels.tiered``) on ``stream_ptr``.
+def gather_rows(src, idx, out, *, aligned=True, stream_ptr=0):
+    """:func:`launch` on CuPy arrays: ``src`` ``[rows, row_elems]`` (device or mapped host memory), ``idx`` 1-D
+    int32/int64 in range, ``out`` ``[len(idx), row_elems]``, all C-contiguous on the current device."""
+    n = idx.shape[0]
+    if n == 0 or out.shape[1] == 0:
+        return
+    row_elems = out.shape[1]
+    args = (np.uint64(src.data.ptr), np.uint64(idx.data.ptr), _NULL, np.uint64(out.data.ptr), np.int64(n),
+            np.int64(row_elems), np.int64(src.shape[0]), _NULL, _NULL, _NULL, _NULL)
+    _run(out.device.id, kernel_name(aligned, src.itemsize, idx.itemsize), n * (WARP if aligned else row_elems),
+         args, stream_ptr)
 
-    ``cache`` and ``flat`` are 1-D cupy arrays of one bit-carrier dtype,
-    ``where`` 1-D int64 already checked, ``out`` ``[len(where), row_elems]``.
+
+def gather_tiered_rows(cache_ptr, flat_ptr, where, out, *, aligned=True, stream_ptr=0):
+    """Start ``gather_tiered_aligned``/``gather_tiered_naive`` (see ``kernels.tiered``) on ``stream_ptr``.
+
+    ``cache_ptr``/``flat_ptr`` address the tiers (one bit-carrier element size, that of ``out``), ``where`` is a
+    contiguous CUDA int64 tensor already checked, ``out`` a contiguous CUDA ``[len(where), row_elems]`` tensor.
     """
-    import cupy
-
     n, row_elems = out.shape
-    fn = tiered_kernel(out.device.id, aligned, out.itemsize)
-    blocks = grid or launch_grid(n * (WARP if aligned else row_elems), block)
-    with cupy.cuda.ExternalStream(stream_ptr):
-        fn((blocks,), (block,), (cache, flat, where, out, cupy.int64(n), cupy.int64(row_elems)))
+    if n == 0 or row_elems == 0:
+        return
+    args = (np.uint64(cache_ptr), np.uint64(flat_ptr), np.uint64(where.data_ptr()), np.uint64(out.data_ptr()),
+            np.int64(n), np.int64(row_elems))
+    _run(out.device.index, tiered_kernel_name(aligned, out.element_size()), n * (WARP if aligned else row_elems),
+         args, stream_ptr)
 
 
 def launch_tiered(cache, flat, where, out, *, aligned=True, stream=0):
     """The backends' shared tiered launch (see ``kernels.tiered.launch_tiered``) on CuPy: torch tensors,
     ``cache`` in device or mapped memory, ``flat`` mapped, ``where`` checked, ``stream`` a ``cudaStream_t``."""
-    import cupy
-
-    gather_tiered_rows(cupy.asarray(cuda_array(cache)), cupy.asarray(cuda_array(flat)), cupy.asarray(where),
-                       cupy.asarray(out), aligned=aligned, stream_ptr=stream)
+    gather_tiered_rows(cache.data_ptr(), flat.data_ptr(), where.contiguous(), out, aligned=aligned,
+                       stream_ptr=stream)

@@ -7,6 +7,8 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +16,12 @@ import numpy as np
 from .indexing import BLOCK
 from .sources import CUDA_DIR, cache_dir
 
-__all__ = ["CUDA_DIR", "EmulationError", "library", "launch", "launch_tiered", "aligned_mirror", "tier_row_mirror"]
+__all__ = ["CUDA_DIR", "EmulationError", "AccessCounts", "library", "launch", "launch_rowvec", "launch_check_clamp",
+           "launch_tiered", "counters", "reset_counters", "probe", "aligned_mirror", "tier_row_mirror"]
 
 _SOURCES = ("gather.cu", "cuda_shim.h", "emu_launch.cpp")
+# The emulated launch state (thread indices, fences, counters) is global to the library: one launch at a time.
+_LOCK = threading.Lock()
 
 
 class EmulationError(RuntimeError):
@@ -59,11 +64,21 @@ def library():
                 raise EmulationError(f"host-emulation build failed:\n{proc.stderr}")
             os.replace(out, target)  # atomic: concurrent builders agree on one file
     lib = ctypes.CDLL(str(target))
+    ptr, i64, u64, uint = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_ulonglong, ctypes.c_uint
     lib.dl_emu_gather.restype = ctypes.c_int
-    lib.dl_emu_gather.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_uint,
-                                  ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                  ctypes.c_longlong, ctypes.c_longlong, ctypes.c_void_p,
-                                  ctypes.c_void_p]
+    lib.dl_emu_gather.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, uint, uint, ptr, i64, ptr, ptr, ptr, i64,
+                                  i64, i64, i64, ptr, u64, ptr, ptr]
+    lib.dl_emu_rowvec.restype = ctypes.c_int
+    lib.dl_emu_rowvec.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, uint, uint, ptr, i64, ptr, ptr, ptr, i64,
+                                  i64, i64, i64, ptr, u64]
+    lib.dl_emu_check_clamp.restype = ctypes.c_int
+    lib.dl_emu_check_clamp.argtypes = [ctypes.c_int, uint, uint, ptr, ptr, i64, i64, ptr, u64]
+    lib.dl_emu_counters.restype = None
+    lib.dl_emu_counters.argtypes = [ptr]
+    lib.dl_emu_reset_counters.restype = None
+    lib.dl_emu_reset_counters.argtypes = []
+    lib.dl_emu_probe.restype = ctypes.c_int
+    lib.dl_emu_probe.argtypes = [ptr, ctypes.c_int, ctypes.c_int]
     lib.dl_emu_gather_tiered.restype = ctypes.c_int
     lib.dl_emu_gather_tiered.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p,
                                          ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong,
@@ -75,7 +90,35 @@ def library():
     return lib
 
 
-def launch(src, idx, out, *, aligned, grid, block=BLOCK, trace=False):
+def _pointer(a):
+    """The address of an optional array, or None (a null pointer)."""
+    return None if a is None else a.ctypes.data
+
+
+def _check_contiguous(**arrays):
+    for name, a in arrays.items():
+        if a is not None and not a.flags.c_contiguous:
+            raise ValueError(f"{name} must be C-contiguous")
+
+
+def _row_bytes(a):
+    return a.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
+
+
+def _check_rows(src, idx, out, pos, err):
+    """Shapes shared by the row gathers: ``out`` holds ``len(idx)`` rows of ``src``'s size."""
+    if idx.ndim != 1 or idx.itemsize not in (4, 8) or idx.dtype.kind not in "iu":
+        raise ValueError(f"idx must be 1-D int32 or int64, got {idx.dtype} of shape {idx.shape}")
+    if out.shape[0] != idx.shape[0] or _row_bytes(out) != _row_bytes(src):
+        raise ValueError(f"out must hold {idx.shape[0]} rows of {_row_bytes(src)} bytes, got shape {out.shape} "
+                         f"of {out.dtype}")
+    if pos is not None and (pos.dtype != np.int64 or pos.shape != idx.shape):
+        raise ValueError(f"pos must be int64 of shape {idx.shape}, got {pos.dtype} of shape {pos.shape}")
+    if err is not None and (err.dtype != np.uint64 or err.size < 1):
+        raise ValueError("err must be a uint64 array of at least one word")
+
+
+def launch(src, idx, out, *, aligned, grid, block=BLOCK, trace=False, pos=None, n_rows=None, err=None, stamp=0):
     """Run ``gather_naive`` or ``gather_aligned`` from gather.cu on the CPU.
 
     Parameters
@@ -84,15 +127,23 @@ def launch(src, idx, out, *, aligned, grid, block=BLOCK, trace=False):
         ``[rows, row_elems]`` C-contiguous table of 1-, 2-, 4- or 8-byte elements,
         or 16-byte units (any 16-byte dtype; runs the ``uint4`` specialisation).
     idx : numpy.ndarray
-        1-D int32 or int64 rows to gather (not bounds-checked here).
+        1-D int32 or int64 rows to gather (sorted ids when ``pos`` is given).
     out : numpy.ndarray
         ``[len(idx), row_elems]`` C-contiguous output, same dtype as ``src``.
     aligned : bool
         Which kernel.
     grid, block : int
-        Launch geometry, as on a GPU.
+        Launch geometry, as on a GPU (``grid * block < 2**32``).
     trace : bool
         Also return which flat thread and step wrote each output element.
+    pos : numpy.ndarray, optional
+        int64 output row of each id (the sorted variant: ``out[pos[i]] = src[idx[i]]``).
+    n_rows : int, optional
+        Rows the kernel may read (the bounds contract); ``len(src)`` by default.
+    err : numpy.ndarray, optional
+        A uint64 word that a bad id sets to ``stamp`` (such an id is clamped into ``[0, n_rows)``).
+    stamp : int
+        The value a bad id stores into ``err``.
 
     Returns
     -------
@@ -108,21 +159,131 @@ def launch(src, idx, out, *, aligned, grid, block=BLOCK, trace=False):
     >>> out[0].tolist()
     [9.0, 10.0, 11.0]
     """
-    for name, a in (("src", src), ("idx", idx), ("out", out)):
-        if not a.flags.c_contiguous:
-            raise ValueError(f"{name} must be C-contiguous")
+    _check_contiguous(src=src, idx=idx, out=out, pos=pos)
+    _check_rows(src, idx, out, pos, err)
+    if grid * block >= 1 << 32:
+        raise ValueError(f"grid * block must stay under 2**32 threads, got {grid} * {block}")
     row_elems = int(np.prod(src.shape[1:], dtype=np.int64))
     tid = step = None
     if trace:
         tid = np.full(out.size, -1, np.int64)
         step = np.full(out.size, -1, np.int32)
-    rc = library().dl_emu_gather(
-        int(aligned), src.itemsize, idx.itemsize, grid, block, src.ctypes.data, idx.ctypes.data,
-        out.ctypes.data, idx.shape[0], row_elems,
-        None if tid is None else tid.ctypes.data, None if step is None else step.ctypes.data)
+    with _LOCK:
+        rc = library().dl_emu_gather(
+            int(aligned), src.itemsize, idx.itemsize, grid, block, src.ctypes.data, src.nbytes, idx.ctypes.data,
+            _pointer(pos), out.ctypes.data, out.nbytes, idx.shape[0], row_elems,
+            src.shape[0] if n_rows is None else n_rows, _pointer(err), stamp, _pointer(tid), _pointer(step))
     if rc != 0:
         raise EmulationError(f"dl_emu_gather returned {rc} (element {src.itemsize} B, index {idx.itemsize} B)")
     return (tid, step) if trace else None
+
+
+def launch_rowvec(src, idx, out, *, width, lanes, grid, block=BLOCK, pos=None, n_rows=None, err=None, stamp=0):
+    """Run ``gather_rowvec<I, width>`` from gather.cu on the CPU: ``out[pos[i] or i] = src[idx[i]]``, bytewise.
+
+    Parameters
+    ----------
+    src, out : numpy.ndarray
+        C-contiguous tables of any dtype whose rows have the same number of bytes; ``out`` has
+        ``len(idx)`` rows.  Their addresses fix the head, tail and store widths, as on a GPU.
+    idx : numpy.ndarray
+        1-D int32 or int64 ids (sorted ids when ``pos`` is given).
+    width : {16, 8, 4, 2, 1}
+        Load width in bytes.
+    lanes : int
+        Lanes per row: a power of two from 1 to 32 that divides ``block``.
+    grid, block : int
+        Launch geometry.
+    pos, n_rows, err, stamp
+        As in :func:`launch`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> src = np.arange(20, dtype=np.uint8).reshape(4, 5)
+    >>> out = np.zeros((2, 5), np.uint8)
+    >>> launch_rowvec(src, np.array([3, 0], np.int32), out, width=16, lanes=4, grid=1, block=32)
+    >>> out.tolist()
+    [[15, 16, 17, 18, 19], [0, 1, 2, 3, 4]]
+    """
+    _check_contiguous(src=src, idx=idx, out=out, pos=pos)
+    _check_rows(src, idx, out, pos, err)
+    with _LOCK:
+        rc = library().dl_emu_rowvec(
+            width, idx.itemsize, lanes, grid, block, src.ctypes.data, src.nbytes, idx.ctypes.data, _pointer(pos),
+            out.ctypes.data, out.nbytes, idx.shape[0], _row_bytes(src), src.shape[0] if n_rows is None else n_rows,
+            _pointer(err), stamp)
+    if rc == -3:
+        raise ValueError(f"lanes must be a power of two from 1 to 32 dividing the block ({block}), got {lanes}")
+    if rc != 0:
+        raise EmulationError(f"dl_emu_rowvec returned {rc} (width {width} B, index {idx.itemsize} B)")
+
+
+def launch_check_clamp(idx, clamped, n_rows, *, grid=1, block=BLOCK, err=None, stamp=0):
+    """Run ``check_clamp<I>`` from gather.cu on the CPU: ``clamped = clip(idx, 0, n_rows - 1)``, a bad id
+    setting ``err[0] = stamp``.
+
+    >>> import numpy as np
+    >>> clamped, err = np.empty(3, np.int64), np.zeros(1, np.uint64)
+    >>> launch_check_clamp(np.array([5, -1, 2]), clamped, 4, err=err, stamp=7)
+    >>> clamped.tolist(), int(err[0])
+    ([3, 0, 2], 7)
+    """
+    _check_contiguous(idx=idx, clamped=clamped)
+    if clamped.dtype != idx.dtype or clamped.shape != idx.shape:
+        raise ValueError(f"clamped must match idx ({idx.dtype}, {idx.shape}), got {clamped.dtype}, {clamped.shape}")
+    with _LOCK:
+        rc = library().dl_emu_check_clamp(idx.itemsize, grid, block, idx.ctypes.data, clamped.ctypes.data,
+                                          idx.shape[0], n_rows, _pointer(err), stamp)
+    if rc != 0:
+        raise EmulationError(f"dl_emu_check_clamp returned {rc} (index {idx.itemsize} B)")
+
+
+@dataclass(frozen=True)
+class AccessCounts:
+    """What the emulation's checked loads and stores saw since the last :func:`reset_counters`.
+
+    Attributes
+    ----------
+    misaligned : int
+        Accesses at an address that is not a multiple of their width (a GPU faults on them).
+    stray_loads, stray_stores : int
+        Accesses outside the launch's table (loads) or output (stores); they were skipped.
+    """
+
+    misaligned: int
+    stray_loads: int
+    stray_stores: int
+
+
+def counters():
+    """The access counters (see :class:`AccessCounts`).
+
+    >>> reset_counters(); counters()
+    AccessCounts(misaligned=0, stray_loads=0, stray_stores=0)
+    """
+    res = (ctypes.c_longlong * 3)()
+    library().dl_emu_counters(res)
+    return AccessCounts(*res)
+
+
+def reset_counters():
+    """Zero the access counters."""
+    library().dl_emu_reset_counters()
+
+
+def probe(buf, offset, width, *, store=False):
+    """One checked load (or store of zeros) of ``width`` bytes at byte ``offset`` of ``buf``, as a kernel's.
+
+    Shows that the counters catch what x86 allows: ``probe(buf, 1, 16)`` counts one misaligned access.
+    """
+    _check_contiguous(buf=buf)
+    if not 0 <= offset <= buf.nbytes - width:
+        raise ValueError(f"{width} bytes at offset {offset} do not fit a buffer of {buf.nbytes}")
+    with _LOCK:
+        rc = library().dl_emu_probe(buf.ctypes.data + offset, width, int(store))
+    if rc != 0:
+        raise ValueError(f"width must be 1, 2, 4, 8 or 16 bytes, got {width}")
 
 
 def launch_tiered(cache, flat, where, out, *, aligned=True, stream=0, grid=1, block=BLOCK):
@@ -137,9 +298,10 @@ def launch_tiered(cache, flat, where, out, *, aligned=True, stream=0, grid=1, bl
     for name, a in (("cache", cache), ("flat", flat), ("where", where), ("out", out)):
         if not a.flags.c_contiguous:
             raise ValueError(f"{name} must be C-contiguous")
-    rc = library().dl_emu_gather_tiered(int(aligned), out.itemsize, grid, block, cache.ctypes.data,
-                                        flat.ctypes.data, where.ctypes.data, out.ctypes.data, where.shape[0],
-                                        out.shape[1])
+    with _LOCK:
+        rc = library().dl_emu_gather_tiered(int(aligned), out.itemsize, grid, block, cache.ctypes.data,
+                                            flat.ctypes.data, where.ctypes.data, out.ctypes.data, where.shape[0],
+                                            out.shape[1])
     if rc != 0:
         raise EmulationError(f"dl_emu_gather_tiered returned {rc} (element {out.itemsize} B)")
 

@@ -15,6 +15,7 @@ __all__ = [
     "aligned_span",
     "tier_row",
     "launch_grid",
+    "persistent_grid",
 ]
 
 #: Threads per warp on every NVIDIA GPU so far.
@@ -128,3 +129,13 @@ def tier_row(where, row_elems, elem, cache_mod, flat_mod):
 def launch_grid(work, block=BLOCK, max_blocks=65535):
     """Blocks for ``work`` threads: enough to cover it, capped (kernels grid-stride)."""
     return max(1, min(max_blocks, -(-work // block)))
+
+
+def persistent_grid(work, resident, block=BLOCK):
+    """Blocks for a persistent, grid-strided launch of ``work`` threads: as many as the device holds at once
+    (``resident``: SMs x resident blocks per SM), never more than the work needs, at least one.
+
+    >>> persistent_grid(10_000_000, 132 * 8), persistent_grid(1000, 132 * 8), persistent_grid(0, 8)
+    (1056, 4, 1)
+    """
+    return max(1, min(resident, -(-work // block)))

@@ -9,13 +9,16 @@ from directload.capabilities import find_libnvrtc
 from .carriers import CARRIERS
 from .sources import CUDA_DIR
 
-__all__ = ["NvrtcError", "CompileResult", "find_libnvrtc", "kernel_name", "tiered_kernel_name", "compile_gather",
-           "ELEM_TYPES", "INDEX_TYPES"]
+__all__ = ["NvrtcError", "CompileResult", "find_libnvrtc", "kernel_name", "tiered_kernel_name", "rowvec_kernel_name",
+           "check_clamp_kernel_name", "all_kernel_names", "compile_gather", "ELEM_TYPES", "INDEX_TYPES",
+           "ROWVEC_WIDTHS"]
 
 #: C++ bit-carrier type for each element size, and C++ type per index size.
 #: Bit-carrier type by element size; 16 is the vector unit (``uint4``) of 16-byte-aligned rows.
 ELEM_TYPES = {size: c.cxx for size, c in CARRIERS.items()}
 INDEX_TYPES = {4: "int", 8: "long long"}
+#: Load widths, in bytes, that ``gather_rowvec`` is instantiated for (``kernels.variants.VECTOR_WIDTHS``).
+ROWVEC_WIDTHS = (16, 8, 4, 2, 1)
 
 
 class NvrtcError(RuntimeError):
@@ -95,6 +98,40 @@ def tiered_kernel_name(aligned, elem_bytes):
     return f"{'gather_tiered_aligned' if aligned else 'gather_tiered_naive'}<{ELEM_TYPES[elem_bytes]}>"
 
 
+def rowvec_kernel_name(width, index_bytes):
+    """Template name expression of one whole-row vector kernel, e.g. ``gather_rowvec<long long, 16>``.
+
+    >>> rowvec_kernel_name(16, 8)
+    'gather_rowvec<long long, 16>'
+    """
+    if width not in ROWVEC_WIDTHS:
+        raise ValueError(f"rowvec width must be one of {ROWVEC_WIDTHS} bytes, got {width}")
+    return f"gather_rowvec<{INDEX_TYPES[index_bytes]}, {width}>"
+
+
+def check_clamp_kernel_name(index_bytes):
+    """Template name expression of the id check-and-clamp kernel, e.g. ``check_clamp<int>``.
+
+    >>> check_clamp_kernel_name(4)
+    'check_clamp<int>'
+    """
+    return f"check_clamp<{INDEX_TYPES[index_bytes]}>"
+
+
+def all_kernel_names():
+    """Every specialisation gather.cu is compiled for: naive and aligned per element and index size, tiered per
+    element size, rowvec per width and index size, check_clamp per index size.
+
+    >>> len(all_kernel_names())
+    40
+    """
+    names = [kernel_name(a, e, i) for a in (False, True) for e in ELEM_TYPES for i in INDEX_TYPES]
+    names += [tiered_kernel_name(a, e) for a in (False, True) for e in ELEM_TYPES if e != 16]
+    names += [rowvec_kernel_name(w, i) for w in ROWVEC_WIDTHS for i in INDEX_TYPES]
+    names += [check_clamp_kernel_name(i) for i in INDEX_TYPES]
+    return names
+
+
 def compile_gather(arch="compute_90", names=None, extra_options=()):
     """Compile gather.cu with NVRTC.
 
@@ -120,8 +157,7 @@ def compile_gather(arch="compute_90", names=None, extra_options=()):
     ...     assert b".target sm_90" in res.image
     """
     if names is None:
-        names = [kernel_name(a, e, i) for a in (False, True) for e in ELEM_TYPES for i in INDEX_TYPES]
-        names += [tiered_kernel_name(a, e) for a in (False, True) for e in ELEM_TYPES if e != 16]
+        names = all_kernel_names()
     lib = _lib()
     source = (CUDA_DIR / "gather.cu").read_bytes()
     prog = ctypes.c_void_p()

@@ -1,4 +1,17 @@
-"""PCIe transaction model: distinct cache lines touched by each warp-wide load of a gather."""
+"""Memory-traffic model of a gather: SM-to-L2 requests, the 32-byte sectors read and the pages touched.
+
+Two questions, two counts:
+
+- :func:`count_requests` counts what a kernel's warps *ask* the L2 for: the distinct 128-byte lines of
+  each warp-wide load.  That is a property of the kernel's thread mapping (the paper's Figures 4.4-4.5),
+  **not** the bytes on the PCIe link: the L2 merges requests for the same sectors, so a kernel that
+  issues twice the requests can move the same bytes.
+- :func:`footprint` counts what the *host memory* serves: 32-byte sectors (the unit a zero-copy read
+  brings over the link) and 4 KiB / 2 MiB pages (what the address translation walks), over windows of
+  rows in flight at once.  Every kernel reads exactly each row's bytes, so these do not depend on the
+  kernel, only on the ids, their order (sorted or not), the row size and the table's spread: they are
+  what predicts a gain from sorting the ids (:func:`sorting_gain`).
+"""
 
 from dataclasses import dataclass
 
@@ -7,13 +20,19 @@ from numba import njit
 
 from .indexing import LINE, WARP, aligned_geometry, aligned_span, naive_element, tier_row
 
-__all__ = ["RequestCount", "count_requests", "count_tiered", "row_min_lines", "paper_shift_element", "thread_map"]
+__all__ = ["RequestCount", "count_requests", "count_tiered", "row_min_lines", "paper_shift_element", "thread_map",
+           "Footprint", "footprint", "sorting_gain", "SECTOR", "PAGE_4K", "PAGE_2M"]
 
-# The model compiles the very functions the kernels call, so a counted request is
-# one the kernel really issues.  A "warp-wide load" is one step of one warp: the
-# set of bytes its lanes read together.  Each distinct line in that set is one
-# PCIe read request (zero-copy reads are served per 128-byte line; PyTorch-Direct paper
-# section 4.4.5).
+#: Bytes of an L2 sector: the unit a read of mapped host memory brings over the link.
+SECTOR = 32
+#: Base and huge page sizes of x86-64 host memory.
+PAGE_4K = 4096
+PAGE_2M = 2 << 20
+
+# The request model compiles the very functions the kernels call, so a counted request is one the kernel
+# really issues.  A "warp-wide load" is one step of one warp: the set of bytes its lanes read together.
+# Each distinct line in that set is one SM-to-L2 request (PyTorch-Direct paper, section 4.4.5, counts
+# these as PCIe requests; on an L2 that merges sectors they are not link traffic).
 _geometry = njit(inline="always")(aligned_geometry)
 _span = njit(inline="always")(aligned_span)
 _naive = njit(inline="always")(naive_element)
@@ -26,7 +45,8 @@ class RequestCount:
     Attributes
     ----------
     total : int
-        Requests of the whole gather (distinct lines per warp-wide load, summed).
+        SM-to-L2 requests of the whole gather (distinct 128-byte lines per warp-wide load, summed): what
+        the warps ask the L2 for, not the bytes on the link (see :func:`footprint`).
     per_row : numpy.ndarray
         int64 ``[n_index]``: requests for each gathered row's bytes.
     min_lines : numpy.ndarray
@@ -138,7 +158,7 @@ def _count_aligned(addrs, row_bytes, elem, warp, line, per_row):
 
 
 def count_requests(index, row_bytes, elem, *, kernel="aligned", src_addr=0, warp=WARP, line=LINE):
-    """Count the PCIe read requests of gathering ``index`` rows.
+    """Count the SM-to-L2 read requests of gathering ``index`` rows (not link bytes: see :func:`footprint`).
 
     Parameters
     ----------
@@ -179,15 +199,15 @@ def count_requests(index, row_bytes, elem, *, kernel="aligned", src_addr=0, warp
 
 
 def count_tiered(where, row_bytes, elem, *, cache_addr=0, flat_addr=0, warp=WARP, line=LINE):
-    """Count the read requests of the aligned tiered gather (``kernels.tiered``), per tier.
+    """Count the SM-to-L2 read requests of the aligned tiered gather (``kernels.tiered``), per tier.
 
     One warp per output row, as in the plain aligned gather, so each row's
     requests depend only on its own address: the count is exact per tier.
 
     Rows are located by ``kernels.indexing.tier_row``, the function the
-    kernels use.  Flat-tier rows are read zero-copy from mapped host memory:
-    their requests are the PCIe transactions; cache rows are device-memory
-    reads.
+    kernels use.  Flat-tier rows are read zero-copy from mapped host memory
+    (their requests are the L2's requests to the link); cache rows are
+    device-memory reads.
 
     Returns
     -------
@@ -252,3 +272,114 @@ def thread_map(index, row_elems, elem, *, aligned, grid, block, src_addr=0, warp
     step = np.full(idx.shape[0] * row_elems, -1, np.int32)
     _thread_map(addrs, row_elems, elem, aligned, grid, block, warp, line, tid, step)
     return tid, step
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Result of :func:`footprint`: what a gather reads from host memory.
+
+    Each count is taken per window of ``window`` consecutive rows (in the order the kernel issues them) and
+    summed: a unit touched twice within a window counts once (the L2 and the translation caches serve the
+    second touch), in two windows twice.  ``window=1`` is every row on its own; a window of all the rows
+    gives the distinct units, the floor.
+
+    Attributes
+    ----------
+    rows : int
+        Rows gathered.
+    window : int
+        Rows counted together (about the rows a GPU has in flight at once).
+    sector_bytes : int
+        32-byte sectors touched, times 32: the bytes the link carries for the gather.
+    pages_4k, pages_2m : int
+        4 KiB and 2 MiB pages touched: the address translations the reads need.
+
+    Examples
+    --------
+    Rows 0, 1, 0 of 48 bytes: row 0 spans sectors 0-1, row 1 sectors 1-2.  Alone each row reads 2
+    sectors; all three in flight together read 3.
+
+    >>> footprint([0, 1, 0], 48).sector_bytes, footprint([0, 1, 0], 48, window=3).sector_bytes
+    (192, 96)
+    """
+
+    rows: int
+    window: int
+    sector_bytes: int
+    pages_4k: int
+    pages_2m: int
+
+
+@njit(cache=True)
+def _window_units(addrs, row_bytes, unit, window):
+    """Units of ``unit`` bytes touched by rows of ``row_bytes`` at ``addrs``, counted once per window."""
+    n = addrs.shape[0]
+    total = 0
+    for w0 in range(0, n, window):
+        # Rows of one length: sorted by start, their last units are sorted too, so one pass merges them.
+        starts = np.sort(addrs[w0:min(n, w0 + window)])
+        done = -1  # the last unit counted in this window
+        for a in starts:
+            lo = a // unit
+            hi = (a + row_bytes - 1) // unit
+            if hi > done:
+                total += hi - max(lo, done + 1) + 1
+                done = hi
+    return total
+
+
+def footprint(index, row_bytes, *, sort=False, window=1, src_addr=0):
+    """Sectors and pages a gather of ``index`` rows touches in host memory.
+
+    Parameters
+    ----------
+    index : array_like of int
+        Rows gathered, in output order.
+    row_bytes : int
+        Bytes per row (every kernel reads exactly these, whatever its loads).
+    sort : bool
+        Issue the rows in sorted order, as a sorted variant does (``Variant.sorted``).
+    window : int
+        Rows in flight at once (see :class:`Footprint`).
+    src_addr : int
+        Address of row 0 (only its remainder modulo 2 MiB matters).
+
+    Returns
+    -------
+    Footprint
+
+    Examples
+    --------
+    Rows 0 and 1 of 1 KiB share a 4 KiB page, rows 8 and 9 share another: in the order 0, 8, 1, 9 two rows in
+    flight touch both pages twice, sorted they touch each once.
+
+    >>> footprint([0, 8, 1, 9], 1024, window=2).pages_4k, footprint([0, 8, 1, 9], 1024, window=2, sort=True).pages_4k
+    (4, 2)
+    """
+    if row_bytes <= 0:
+        raise ValueError(f"row_bytes must be positive, got {row_bytes}")
+    if window < 1:
+        raise ValueError(f"window must be at least 1 row, got {window}")
+    idx = np.asarray(index, dtype=np.int64).reshape(-1)
+    if sort:
+        idx = np.sort(idx)
+    addrs = src_addr % PAGE_2M + idx * row_bytes
+    return Footprint(int(idx.shape[0]), int(window), SECTOR * int(_window_units(addrs, row_bytes, SECTOR, window)),
+                     int(_window_units(addrs, row_bytes, PAGE_4K, window)),
+                     int(_window_units(addrs, row_bytes, PAGE_2M, window)))
+
+
+def sorting_gain(index, row_bytes, *, window, src_addr=0):
+    """How much sorting ``index`` shrinks each count of :func:`footprint`: unsorted over sorted (>= 1).
+
+    The model's prediction of a sorted variant's gain where the gather is bound by that count (bytes on
+    the link, or translations); the GPU benchmarks print it beside the measured gain.
+
+    Examples
+    --------
+    >>> sorting_gain([0, 8, 1, 9], 1024, window=2)
+    {'sector_bytes': 1.0, 'pages_4k': 2.0, 'pages_2m': 1.0}
+    """
+    unsorted = footprint(index, row_bytes, window=window, src_addr=src_addr)
+    ordered = footprint(index, row_bytes, sort=True, window=window, src_addr=src_addr)
+    return {k: getattr(unsorted, k) / max(1, getattr(ordered, k)) for k in ("sector_bytes", "pages_4k", "pages_2m")}

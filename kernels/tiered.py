@@ -162,7 +162,7 @@ def _flat_bits(t):
     return t.view(_CARRIER[t.element_size()]).reshape(-1)
 
 
-def gather_tiered(cache, flat, where, *, out=None, aligned=True, backend="auto"):
+def gather_tiered(cache, flat, where, *, out=None, aligned=True, backend="auto", device=None):
     """``out[r]`` = cache row ``where[r]`` (``>= 0``) or the flat tier's row at element ``-where[r] - 1``.
 
     Parameters
@@ -175,7 +175,12 @@ def gather_tiered(cache, flat, where, *, out=None, aligned=True, backend="auto")
         GPU gather, which reads it zero-copy.
     where : torch.Tensor
         1-D int64 (see :func:`flat_where`).  Its device decides where the gather
-        runs and where the result lives.
+        runs and where the result lives, unless ``device`` is given.  A CUDA
+        ``where`` is checked on the GPU, which costs one host sync; a CPU one
+        with ``device`` a GPU is checked on the CPU, for free, then copied there
+        from pinned staging: the gather then reads nothing back from the GPU.
+    device : torch.device or str, optional
+        Where the gather runs and the result lives (default: ``where``'s device).
     out : torch.Tensor, optional
         ``[len(where), *row_shape]``, contiguous, on ``where``'s device.
     aligned : bool
@@ -195,6 +200,11 @@ def gather_tiered(cache, flat, where, *, out=None, aligned=True, backend="auto")
     if where.dtype != torch.int64 or where.dim() != 1:
         raise TypeError(f"where must be a 1-D int64 tensor, got {where.dtype} with shape {tuple(where.shape)}")
     where = where.contiguous()  # the CUDA C kernel reads a raw pointer: the values checked are the values read
+    device = where.device if device is None else torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device.type not in ("cpu", "cuda") or (device.type == "cpu" and where.is_cuda):
+        raise ValueError(f"device must be a CUDA device (or the CPU, for a CPU where), got {device}")
     if cache.dim() < 1 or flat.dim() != 1 or cache.dtype != flat.dtype:
         raise ValueError("cache is [slots, *row_shape] and flat 1-D, of one dtype; got "
                          f"{cache.dtype}{tuple(cache.shape)} and {flat.dtype}{tuple(flat.shape)}")
@@ -206,21 +216,23 @@ def gather_tiered(cache, flat, where, *, out=None, aligned=True, backend="auto")
     row_elems = math.prod(row_shape)
     shape = (where.shape[0], *row_shape)
     if out is None:  # a large CPU result comes from the recycling pool, as a plain gather's does
-        out = torch.empty(shape, dtype=cache.dtype, device=where.device) if where.is_cuda else \
+        out = torch.empty(shape, dtype=cache.dtype, device=device) if device.type == "cuda" else \
             _new_cpu_out(shape, cache.dtype)
     elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != cache.dtype
-          or out.device != where.device or not out.is_contiguous()):
-        raise ValueError(f"out must be a contiguous {cache.dtype} tensor of shape {shape} on {where.device}")
-    if where.is_cuda:
-        if memory_of(flat) != MAPPED or memory_of(cache) not in (MAPPED, where.device):
+          or out.device != device or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous {cache.dtype} tensor of shape {shape} on {device}")
+    if device.type == "cuda":
+        if memory_of(flat) != MAPPED or memory_of(cache) not in (MAPPED, device):
             raise ValueError("a GPU tiered gather reads the flat tier zero-copy (pinned, mapped host memory) and "
-                             f"the cache from {where.device} or mapped memory")
+                             f"the cache from {device} or mapped memory")
     elif cache.is_cuda or flat.is_cuda:
         raise ValueError("a CPU where (a CPU gather) cannot read tiers in GPU memory")
     for name, t in (("cache", cache), ("flat", flat), ("where", where)):
         if overlaps(memory_span(out), memory_span(t)):
             raise ValueError(f"out shares memory with {name}: a gather cannot write where it reads")
     check_where(where, cache.shape[0], flat.numel(), row_elems)
+    if where.device != device:  # a CPU where, checked above without a sync, for a GPU gather
+        where = where.pin_memory().to(device, non_blocking=True)
     if out.numel() == 0:
         return out
     c, f, o = _flat_bits(cache), _flat_bits(flat), out.view(_CARRIER[out.element_size()]).reshape(shape[0], row_elems)

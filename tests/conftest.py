@@ -1,5 +1,6 @@
 """Shared fixtures: the device list, markers, awkward inputs and a seeded RNG."""
 
+import contextlib
 import importlib
 import os
 import subprocess
@@ -86,6 +87,28 @@ def _devices():
 def device(request):
     """``cpu`` always, plus ``cuda`` where a GPU exists."""
     return torch.device(request.param)
+
+
+@pytest.fixture
+def sync_debug():
+    """``with sync_debug(): ...`` runs the block under ``torch.cuda.set_sync_debug_mode("error")`` where
+    ``DIRECTLOAD_SYNC_DEBUG=1`` and CUDA exist (the GPU kit's hot-path section sets it), so a host sync
+    inside the block (``.item()``, a blocking copy to the host) raises ``RuntimeError``.  Elsewhere the
+    block just runs.  It yields whether the check is on."""
+
+    @contextlib.contextmanager
+    def block():
+        if os.environ.get("DIRECTLOAD_SYNC_DEBUG") != "1" or not torch.cuda.is_available():
+            yield False
+            return
+        old = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            yield True
+        finally:
+            torch.cuda.set_sync_debug_mode(old)
+
+    return block
 
 
 @pytest.fixture

@@ -226,3 +226,61 @@ def test_a_busy_machine_with_spinning_openmp_threads_gets_one_line(monkeypatch, 
     err = capsys.readouterr().err
     assert (err.count("\n") == 1 and "GOMP_SPINCOUNT=10000" in err and "load 9.0 on 2 cores" in err) if says \
         else err == ""
+
+
+def _tuned_cache(root):
+    """The tuner's cache file with two choices, as a GPU run leaves it."""
+    from directload.kernels.tune_keys import TuneKey
+    from directload.kernels.tune_store import ChoiceFile, TuneRecord
+
+    env = ("NVIDIA H100 PCIe", "550.54.15", "2.11.0+cu128", "12.8", "0123456789abcdef")
+    small = TuneRecord(TuneKey.of(env, 400, 4, 4096, 1 << 20, 16), "rowvec16x16+sort",
+                       (("index_select", 0.412), ("rowvec16x16+sort", 0.21)), (("naive", "RuntimeError: no"),),
+                       ("aligned",), "", 300.0)
+    large = TuneRecord(TuneKey.of(env, 4096, 4, 1 << 17, 1 << 20, 16), "index_select", (("index_select", 9.5),),
+                       (), (), "", 300.0)
+    ChoiceFile(root / "tuner" / "choices.json").save([small, large])
+
+
+def test_tune_prints_the_choices_as_a_table_or_json_and_clears_only_its_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DIRECTLOAD_CACHE", str(tmp_path))
+    monkeypatch.delenv("DIRECTLOAD_TUNE", raising=False)
+    assert main(["tune"]) == 0
+    assert "nothing tuned yet" in capsys.readouterr().out
+    _tuned_cache(tmp_path)
+    (tmp_path / "tuner" / "notes.txt").write_text("someone else's")
+    assert main(["tune"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"tuner: on; cache {tmp_path / 'tuner' / 'choices.json'}: 2 choices")
+    assert "NVIDIA H100 PCIe, driver 550.54.15, torch 2.11.0+cu128, CUDA 12.8" in out
+    line = next(x for x in out.splitlines() if "rowvec16x16+sort  " in x)
+    assert line.split() == ["400", "4", "16", "4096-8191", "256", "MiB-1", "GiB", "rowvec16x16+sort", "0.210", "1.96x"]
+    assert "timed (ms): rowvec16x16+sort 0.210, index_select 0.412" in out
+    assert "failed: naive (RuntimeError: no)" in out and "not timed (the budget ran out): aligned" in out
+    assert main(["tune", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["enabled"] is True and [r["chosen"] for r in report["choices"]] == ["rowvec16x16+sort",
+                                                                                      "index_select"]
+    assert report["choices"][0]["times_ms"] == {"index_select": 0.412, "rowvec16x16+sort": 0.21}
+    monkeypatch.setenv("DIRECTLOAD_TUNE", "0")
+    assert main(["tune"]) == 0 and "tuner: off (DIRECTLOAD_TUNE=0" in capsys.readouterr().out
+    assert main(["tune", "--clear"]) == 0 and "removed " in capsys.readouterr().out
+    assert [p.name for p in (tmp_path / "tuner").iterdir()] == ["notes.txt"]
+    assert main(["tune", "--clear"]) == 0 and "no tuner cache at" in capsys.readouterr().out
+
+
+def test_info_shows_the_tuner(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DIRECTLOAD_CACHE", str(tmp_path))
+    monkeypatch.setenv("DIRECTLOAD_TUNE", "0")
+    _tuned_cache(tmp_path)
+    assert main(["info", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["tuner_enabled"] is False and info["tuner_choices"] == 2
+    assert info["tuner_cache"] == str(tmp_path / "tuner" / "choices.json")
+    monkeypatch.delenv("DIRECTLOAD_TUNE")
+    assert main(["info"]) == 0
+    lines = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()}
+    assert lines["tuner_enabled"] == ["True"] and lines["tuner_choices"] == ["2"]
+    proc = _run("tune", "--help")
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: directload tune") and "--clear" in proc.stdout
+    assert "DIRECTLOAD_TUNE=0" in proc.stdout and not proc.stderr

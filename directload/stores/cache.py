@@ -528,14 +528,14 @@ class Cache(FeatureStore):
         ``out`` where it lives on ``run_device``, else a new tensor there."""
         where_u = np.where(q.s >= 0, q.s, 0).astype(np.int64)
         where_u[q.miss] = flat_where(staged.offsets)
-        where = torch.from_numpy(where_u[inv]).to(run_device)
+        where = torch.from_numpy(where_u[inv])  # checked on the CPU, then sent to run_device without a sync
         direct = out if out is not None and out.device == run_device else None
         if self._words.same:
-            return gather_tiered(self._rows, staged.flat, where, out=direct)
+            return gather_tiered(self._rows, staged.flat, where, out=direct, device=run_device)
         result = direct if direct is not None else torch.empty((inv.shape[0], *self.row_shape), dtype=self.dtype,
                                                                 device=run_device)
         words = result.reshape(inv.shape[0], self._row_elems).view(self._words.dtype)
-        gather_tiered(self._rows, staged.flat, where, out=words)  # the rows' bytes, in words
+        gather_tiered(self._rows, staged.flat, where, out=words, device=run_device)  # the rows' bytes, in words
         return result
 
     def _after_gather(self, q, inv, staged):

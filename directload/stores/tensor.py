@@ -74,8 +74,11 @@ class TensorStore(FeatureStore):
     def _read_async(self, index, out, run_device, out_device):
         table = self.table
         host = table.check_backing() if is_unified(table) else table  # a unified tensor's plain host view
-        # Non-blocking only towards a GPU (stream-ordered): a CPU gather must see the copied ids.
-        index = index.to(run_device, non_blocking=run_device.type == "cuda")
+        if run_device.type == "cuda" and not index.is_cuda:
+            # From pinned staging: a copy from pageable memory would wait for the stream.
+            index = index.pin_memory().to(run_device, non_blocking=True)
+        else:  # a CPU gather must see the copied ids
+            index = index.to(run_device)
         if not _gatherable(host):
             rows = table.index_select(0, index.to(table.device).long())
             return ReadFuture(result=deliver(rows, out, out_device))
@@ -88,6 +91,12 @@ class TensorStore(FeatureStore):
             return ReadFuture(future.wait, done=future.done)
         return ReadFuture(lambda: deliver(future.wait(), out, out_device), done=future.done)
 
+
+    def _check_bounds(self, index):
+        host = self.table.check_backing() if is_unified(self.table) else self.table
+        if index.is_cuda and _gatherable(host):
+            return  # the GPU kernel checks them, with no host sync (kernels.bounds): wait() raises
+        super()._check_bounds(index)
 
     def _own_memory(self):
         return (self.table.check_backing() if is_unified(self.table) else self.table,)

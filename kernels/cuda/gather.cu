@@ -1,15 +1,56 @@
-// Row gather kernels for directload: naive (one thread per output element, the
-// access pattern of PyTorch's index kernel) and aligned (one warp per row, every
-// warp step confined to whole 128-byte lines, circular shift at the row head).
+// Row gather kernels for directload, one job each:
+//  - gather_naive: one thread per output element (PyTorch's old index kernel's access pattern);
+//  - gather_aligned: one warp per row, each warp step confined to whole 128-byte lines, circular
+//    shift at the row head (PyTorch-Direct's kernel);
+//  - gather_rowvec: a whole row at once in W-byte vectors (the units wholly inside the row, in the
+//    source's alignment) plus naturally aligned scalar pieces at its head and tail, with sub-warps of
+//    `lanes` lanes so small rows share a warp; each lane issues all its loads before its stores;
+//  - check_clamp: ids checked and clamped for torch's index_select;
+//  - gather_tiered_*: rows from a GPU cache or a flat mapped tier.
 //
-// T is the bit-carrier of the element (unsigned char/short/int/long long: the
-// gather copies bits, so fp16, bf16 and int16 share one specialisation; uint4
-// for 16-byte vector units where rows allow), I the index type (int or long
-// long).  All offsets are 64-bit.
+// Bounds (naive, aligned, rowvec and check_clamp; the tiered kernels take a `where` the caller
+// checked): an id < 0 or >= n_rows stores `stamp` into *err (when err is not null: a word of pinned,
+// GPU-mapped host memory; a plain, idempotent store) and is clamped into the table before any load,
+// because an out-of-range read of mapped memory kills the CUDA context.
+// Sorted ids: work item i writes output row pos[i] when pos is not null (torch.sort's permutation).
 //
-// dl_aligned_geometry / dl_aligned_span mirror kernels/indexing.py line for
-// line; tests compare the two input by input, and the host-emulation build
-// (kernels/cuda/emu_launch.cpp) runs these very kernels on the CPU.
+// T is the bit-carrier of an element (unsigned char/short/int/long long: the gather copies bits, so
+// fp16, bf16 and int16 share one specialisation; uint4 for 16-byte units), I the index type (int or
+// long long).  All offsets are 64-bit; no kernel body of naive or rowvec divides 64-bit integers.
+//
+// Every load and store of table or output bytes goes through dl_load/dl_store.  On a GPU they are
+// plain accesses; the host emulation (kernels/cuda/cuda_shim.h) counts any that is misaligned for its
+// width (x86 would allow it silently; a GPU faults) or falls outside the launch's table or output.
+//
+// dl_aligned_geometry / dl_aligned_span mirror kernels/indexing.py line for line; tests compare the
+// two input by input, and the host-emulation build (kernels/cuda/emu_launch.cpp) runs these very
+// kernels on the CPU.
+
+#ifndef DL_HOST_EMULATION
+#define DL_UNROLL _Pragma("unroll")
+// A grid-stride loop left rolled: unrolling it costs a 64-bit division for the trip count.
+#define DL_ROLLED _Pragma("unroll 1")
+
+template <typename T>
+__device__ __forceinline__ T dl_load(const void* p) {
+    return *static_cast<const T*>(p);
+}
+
+template <typename T>
+__device__ __forceinline__ void dl_store(void* p, T v) {
+    *static_cast<T*>(p) = v;
+}
+#endif
+
+// The bounds contract: a bad id flags *err with stamp and is clamped to [0, n_rows - 1].
+__device__ __forceinline__ long long dl_checked_row(long long id, long long n_rows, unsigned long long* err,
+                                                    unsigned long long stamp) {
+    if (id < 0 || id >= n_rows) {
+        if (err != nullptr) *err = stamp;
+        id = id < 0 ? 0 : n_rows - 1;
+    }
+    return id;
+}
 
 #define DL_WARP 32
 #define DL_LINE 128
@@ -62,25 +103,46 @@ __device__ __forceinline__ void dl_trace(long long* trace_tid, int* trace_step, 
 }
 
 template <typename T, typename I>
-__global__ void gather_naive(const T* __restrict__ src, const I* __restrict__ idx,
-                             T* __restrict__ out, long long n_idx, long long row_elems,
-                             long long* trace_tid, int* trace_step) {
+__global__ void gather_naive(const T* __restrict__ src, const I* __restrict__ idx, const long long* __restrict__ pos,
+                             T* __restrict__ out, long long n_idx, long long row_elems, long long n_rows,
+                             unsigned long long* err, unsigned long long stamp, long long* trace_tid,
+                             int* trace_step) {
+    // Thread tid copies flat elements tid, tid + stride, ... (naive_element in indexing.py).  The row and
+    // column advance by the stride's quotient and remainder, found once in 32 bits, so the loop has no
+    // 64-bit division.  Launches keep grid * block < 2^32.
+    if (row_elems <= 0) return;
     const long long total = n_idx * row_elems;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const unsigned int stride = gridDim.x * blockDim.x;
+    const unsigned int tid = blockIdx.x * blockDim.x + threadIdx.x;
+    long long r = 0, c = tid, dr = 0, dc = stride;
+    if (row_elems <= 0xFFFFFFFFLL) {
+        const unsigned int re = (unsigned int)row_elems;
+        r = tid / re;
+        c = tid % re;
+        dr = stride / re;
+        dc = stride % re;
+    }
     long long step = 0;
+    DL_ROLLED
     for (long long i = tid; i < total; i += stride, ++step) {
-        const long long r = i / row_elems;  // naive_element(i, row_elems)
-        const long long c = i % row_elems;
-        out[i] = src[(long long)idx[r] * row_elems + c];
-        dl_trace(trace_tid, trace_step, i, tid, step);
+        const long long row = dl_checked_row((long long)idx[r], n_rows, err, stamp);
+        const long long at = (pos != nullptr ? pos[r] : r) * row_elems + c;
+        dl_store<T>(out + at, dl_load<T>(src + row * row_elems + c));
+        dl_trace(trace_tid, trace_step, at, tid, step);
+        r += dr;
+        c += dc;
+        if (c >= row_elems) {
+            c -= row_elems;
+            ++r;
+        }
     }
 }
 
 template <typename T, typename I>
 __global__ void gather_aligned(const T* __restrict__ src, const I* __restrict__ idx,
-                               T* __restrict__ out, long long n_idx, long long row_elems,
-                               long long* trace_tid, int* trace_step) {
+                               const long long* __restrict__ pos, T* __restrict__ out, long long n_idx,
+                               long long row_elems, long long n_rows, unsigned long long* err,
+                               unsigned long long stamp, long long* trace_tid, int* trace_step) {
     const long long elem = (long long)sizeof(T);
     const long long row_bytes = row_elems * elem;
     // Row addresses count from the line below src; only the remainder matters.
@@ -91,10 +153,11 @@ __global__ void gather_aligned(const T* __restrict__ src, const I* __restrict__ 
     const long long total_warps = (long long)gridDim.x * warps_per_block;
     for (long long r = (long long)blockIdx.x * warps_per_block + threadIdx.x / DL_WARP; r < n_idx;
          r += total_warps) {
-        const long long row = (long long)idx[r];
+        const long long row = dl_checked_row((long long)idx[r], n_rows, err, stamp);
+        const long long dst = pos != nullptr ? pos[r] : r;
         const long long row_addr = src_mod + row * row_bytes;
         const T* s = src + row * row_elems;
-        T* o = out + r * row_elems;
+        T* o = out + dst * row_elems;
         const DlGeometry g = dl_aligned_geometry(row_addr, row_bytes, elem, DL_WARP, DL_LINE);
         for (long long step = 0; step < g.steps; ++step) {
             long long lo, hi;
@@ -102,10 +165,10 @@ __global__ void gather_aligned(const T* __restrict__ src, const I* __restrict__ 
             if constexpr (sizeof(T) < 4) {
                 if (hi - lo == 4 / (long long)sizeof(T)) {
                     // A whole 4-byte word inside the row: one aligned 32-bit load.
-                    const unsigned int w = *reinterpret_cast<const unsigned int*>(s + lo);
+                    const unsigned int w = dl_load<unsigned int>(s + lo);
                     for (long long c = lo; c < hi; ++c) {
-                        o[c] = (T)(w >> (8 * sizeof(T) * (c - lo)));  // little-endian
-                        dl_trace(trace_tid, trace_step, r * row_elems + c, tid, step);
+                        dl_store<T>(o + c, (T)(w >> (8 * sizeof(T) * (c - lo))));  // little-endian
+                        dl_trace(trace_tid, trace_step, dst * row_elems + c, tid, step);
                     }
                     continue;
                 }
@@ -113,10 +176,183 @@ __global__ void gather_aligned(const T* __restrict__ src, const I* __restrict__ 
             // One element per lane; with T = uint4 (16-byte units, chosen by the caller
             // when rows and both tables are 16-byte aligned) a vector load and store.
             for (long long c = lo; c < hi; ++c) {
-                o[c] = s[c];
-                dl_trace(trace_tid, trace_step, r * row_elems + c, tid, step);
+                dl_store<T>(o + c, dl_load<T>(s + c));
+                dl_trace(trace_tid, trace_step, dst * row_elems + c, tid, step);
             }
         }
+    }
+}
+
+// ---- rowvec: a whole row at once ------------------------------------------------------------------
+
+// The vector type of each load width, and its log2.
+template <int W> struct DlVec;
+template <> struct DlVec<16> { typedef uint4 type; };
+template <> struct DlVec<8> { typedef unsigned long long type; };
+template <> struct DlVec<4> { typedef unsigned int type; };
+template <> struct DlVec<2> { typedef unsigned short type; };
+template <> struct DlVec<1> { typedef unsigned char type; };
+
+template <int W> struct DlLog2 { static constexpr int value = 1 + DlLog2<W / 2>::value; };
+template <> struct DlLog2<1> { static constexpr int value = 0; };
+
+// One naturally aligned piece of n bytes (1, 2, 4 or 8), zero-extended.
+__device__ __forceinline__ unsigned long long dl_load_n(const unsigned char* p, int n) {
+    switch (n) {
+        case 8: return dl_load<unsigned long long>(p);
+        case 4: return dl_load<unsigned int>(p);
+        case 2: return dl_load<unsigned short>(p);
+        default: return dl_load<unsigned char>(p);
+    }
+}
+
+// The low n bytes of v (n a power of two <= 8) at p, in the widest stores p's alignment allows.
+__device__ __forceinline__ void dl_store_n(unsigned char* p, unsigned long long v, int n) {
+    const unsigned int a = (unsigned int)(unsigned long long)p;
+    int w = (int)(a & (0u - a));  // p's alignment: its lowest set address bit
+    if (w == 0 || w > n) w = n;
+    for (int k = 0; k < n; k += w) {
+        const unsigned long long part = v >> (8 * k);  // little-endian, as on x86 and NVIDIA GPUs
+        switch (w) {
+            case 8: dl_store<unsigned long long>(p + k, part); break;
+            case 4: dl_store<unsigned int>(p + k, (unsigned int)part); break;
+            case 2: dl_store<unsigned short>(p + k, (unsigned short)part); break;
+            default: dl_store<unsigned char>(p + k, (unsigned char)part); break;
+        }
+    }
+}
+
+// A vector at p: one store when p is as aligned as the vector, else the widest narrower ones.
+__device__ __forceinline__ void dl_store_vec(unsigned char* p, uint4 v) {
+    if (((unsigned int)(unsigned long long)p & 15u) == 0) {
+        dl_store<uint4>(p, v);
+        return;
+    }
+    dl_store_n(p, (unsigned long long)v.x | ((unsigned long long)v.y << 32), 8);
+    dl_store_n(p + 8, (unsigned long long)v.z | ((unsigned long long)v.w << 32), 8);
+}
+
+template <typename V>
+__device__ __forceinline__ void dl_store_vec(unsigned char* p, V v) {
+    dl_store_n(p, (unsigned long long)v, (int)sizeof(V));
+}
+
+// Piece j of a row's scalar part: the bytes outside its whole W-aligned units, [0, hb) and then
+// [ts, row_bytes), in naturally aligned 1/2/4/8-byte pieces (at most 2 log2 W of them).  mis is the
+// row's source address modulo W.  The head climbs to W alignment (an ascending ladder) and, when the
+// row ends first, steps down over what is left; the tail starts aligned and steps down.
+// Returns false when there is no piece j.
+template <int W>
+__device__ __forceinline__ bool dl_piece(unsigned int mis, long long hb, long long ts, long long row_bytes, int j,
+                                         long long* off, int* n) {
+    int k = 0;
+    long long x = 0;
+    DL_UNROLL
+    for (int p = 1; p < W; p <<= 1) {
+        if (((mis + (unsigned int)x) & (unsigned int)p) != 0) {
+            if (x + p > hb) break;
+            if (k++ == j) {
+                *off = x;
+                *n = p;
+                return true;
+            }
+            x += p;
+        }
+    }
+    DL_UNROLL
+    for (int p = W / 2; p >= 1; p >>= 1) {
+        if (((hb - x) & p) != 0) {
+            if (k++ == j) {
+                *off = x;
+                *n = p;
+                return true;
+            }
+            x += p;
+        }
+    }
+    x = ts;
+    DL_UNROLL
+    for (int p = W / 2; p >= 1; p >>= 1) {
+        if (((row_bytes - x) & p) != 0) {
+            if (k++ == j) {
+                *off = x;
+                *n = p;
+                return true;
+            }
+            x += p;
+        }
+    }
+    return false;
+}
+
+// Loads in flight per lane before it stores (a 2 KiB row is 4 x 16 B per lane of a warp).
+#define DL_BATCH 4
+
+// gather_rowvec<I, W>: out row (pos ? pos[i] : i) = src row idx[i], rows of row_bytes bytes.
+// `lanes` (a power of two, 1..32, dividing the block) lanes copy each row; the grid strides over rows.
+template <typename I, int W>
+__global__ void gather_rowvec(const unsigned char* __restrict__ src, const I* __restrict__ idx,
+                              const long long* __restrict__ pos, unsigned char* __restrict__ out, long long n_idx,
+                              long long row_bytes, long long n_rows, int lanes, unsigned long long* err,
+                              unsigned long long stamp) {
+    typedef typename DlVec<W>::type V;
+    constexpr int LW = DlLog2<W>::value;
+    const int lg = __ffs(lanes) - 1;
+    const int lane = (int)(threadIdx.x & (unsigned int)(lanes - 1));
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long groups = ((long long)gridDim.x * blockDim.x) >> lg;
+    const long long batch = (long long)lanes * DL_BATCH;
+    DL_ROLLED
+    for (long long i = t >> lg; i < n_idx; i += groups) {
+        const long long row = dl_checked_row((long long)idx[i], n_rows, err, stamp);
+        const long long dst = pos != nullptr ? pos[i] : i;
+        const unsigned char* s = src + row * row_bytes;
+        unsigned char* o = out + dst * row_bytes;
+        // Vectors cover [hb, ts): the W-aligned source units wholly inside the row.
+        const unsigned int mis = (unsigned int)(unsigned long long)s & (unsigned int)(W - 1);
+        const long long head = (long long)((W - mis) & (unsigned int)(W - 1));
+        const long long hb = head < row_bytes ? head : row_bytes;
+        const long long nvec = head < row_bytes ? (row_bytes - head) >> LW : 0;
+        const long long ts = hb + (nvec << LW);
+        // This lane's first scalar piece is loaded now and stored after the vectors: its round trip
+        // overlaps theirs.
+        long long poff = 0;
+        int pn = 0;
+        const bool piece = dl_piece<W>(mis, hb, ts, row_bytes, lane, &poff, &pn);
+        const unsigned long long pv = piece ? dl_load_n(s + poff, pn) : 0ull;
+        const unsigned char* sv = s + hb;
+        unsigned char* ov = o + hb;
+        for (long long k = lane; k < nvec; k += batch) {
+            V v[DL_BATCH] = {};
+    DL_UNROLL
+            for (int b = 0; b < DL_BATCH; ++b) {
+                const long long kb = k + (long long)b * lanes;
+                if (kb < nvec) v[b] = dl_load<V>(sv + (kb << LW));
+            }
+    DL_UNROLL
+            for (int b = 0; b < DL_BATCH; ++b) {
+                const long long kb = k + (long long)b * lanes;
+                if (kb < nvec) dl_store_vec(ov + (kb << LW), v[b]);
+            }
+        }
+        if (piece) dl_store_n(o + poff, pv, pn);
+        // More pieces than lanes (a row has at most 2 log2 W; tiny sub-warps only): the rest one by one.
+        if (lanes < 2 * LW) {
+            for (int j = lane + lanes; dl_piece<W>(mis, hb, ts, row_bytes, j, &poff, &pn); j += lanes) {
+                dl_store_n(o + poff, dl_load_n(s + poff, pn), pn);
+            }
+        }
+    }
+}
+
+// check_clamp<I>: clamped[i] = idx[i] clamped into [0, n_rows - 1], a bad id flagging *err (the
+// bounds contract), so torch's index_select can run over the mapped view without a device assert.
+template <typename I>
+__global__ void check_clamp(const I* __restrict__ idx, I* __restrict__ clamped, long long n, long long n_rows,
+                            unsigned long long* err, unsigned long long stamp) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        clamped[i] = (I)dl_checked_row((long long)idx[i], n_rows, err, stamp);
     }
 }
 
@@ -152,7 +388,7 @@ __global__ void gather_tiered_naive(const T* __restrict__ cache, const T* __rest
         const long long r = i / row_elems;
         const long long c = i % row_elems;
         const DlTierRow t = dl_tier_row(where[r], row_elems, 1, 0, 0);
-        out[i] = (t.tier == 0 ? cache : flat)[t.first + c];
+        dl_store<T>(out + i, dl_load<T>((t.tier == 0 ? cache : flat) + t.first + c));
     }
 }
 
@@ -175,7 +411,7 @@ __global__ void gather_tiered_aligned(const T* __restrict__ cache, const T* __re
         for (long long step = 0; step < g.steps; ++step) {
             long long lo, hi;
             dl_aligned_span(lane, step, t.row_addr, row_bytes, elem, DL_WARP, g, &lo, &hi);
-            for (long long c = lo; c < hi; ++c) o[c] = s[c];
+            for (long long c = lo; c < hi; ++c) dl_store<T>(o + c, dl_load<T>(s + c));
         }
     }
 }

@@ -23,7 +23,7 @@ def captured(monkeypatch):
 def test_alignment_plot_shows_the_aligned_line_over_the_minimum(captured, monkeypatch):
     sweep = importlib.import_module("alignment_sweep")
     monkeypatch.setattr(sweep, "save_figure", lambda fig, path: captured.append(fig))
-    results = [{"row_bytes": b, "req_naive": 32.0, "req_paper": 18.0, "req_aligned": 17.0, "req_min": 17.0}
+    results = [{"row_bytes": b, "l2req_naive": 32.0, "l2req_paper": 18.0, "l2req_aligned": 17.0, "l2req_min": 17.0}
                for b in range(2048, 2080, 4)]
     sweep._plot(results, None, on_gpu=False)
     lines = {line.get_label(): line for line in captured[0].axes[0].get_lines()}

@@ -57,11 +57,16 @@ def test_cuda_index_over_pageable_src_raises():
         gather(torch.zeros(4, 4), torch.tensor([0], device="cuda"))
 
 
-def test_out_of_range_cuda_index_raises_before_launch():
+def test_out_of_range_cuda_index_raises_before_launch_when_strict():
     out = torch.full((2, 4), 3.0, device="cuda")
     with pytest.raises(IndexError, match="index 4 is out of range for 4 rows"):
-        gather(torch.zeros(4, 4).pin_memory(), torch.tensor([0, 4], device="cuda"), out=out)
+        gather(torch.zeros(4, 4).pin_memory(), torch.tensor([0, 4], device="cuda"), out=out, strict=True)
     assert (out == 3.0).all()
+
+
+def test_out_of_range_cuda_index_raises_from_the_kernels_check():
+    with pytest.raises(IndexError, match=r"index 4 is out of range for 4 rows .*at position 1\)"):
+        gather_async(torch.zeros(4, 4).pin_memory(), torch.tensor([0, 4], device="cuda")).check()
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")

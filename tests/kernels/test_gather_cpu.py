@@ -80,7 +80,8 @@ def test_gather_is_gather_async_wait(monkeypatch, rng):
     monkeypatch.setattr(api, "gather_async", lambda *a, **k: calls.append((a, k)) or real(*a, **k))
     out = torch.empty(500, 33)
     assert api.gather(src, idx, out=out, aligned=False) is out and torch.equal(out, src[idx])
-    assert len(calls) == 1 and calls[0][1] == {"out": out, "backend": "auto", "aligned": False}
+    assert len(calls) == 1 and calls[0][1] == {"out": out, "backend": "auto", "aligned": False,
+                                                 "variant": None, "strict": False}
     with pytest.raises(IndexError, match="out of range"):  # the fast path's kernel check raises in gather_async
         real(src, torch.tensor([0, 100]))
 

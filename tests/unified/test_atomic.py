@@ -15,9 +15,12 @@ _WRITER = textwrap.dedent("""
 
     def write(f):
         print("writing", flush=True)
+        if sys.argv[3] == "stdin":  # hold the partial open until the test says go on
+            sys.stdin.readline()
         for _ in range(20):
             f.write(sys.argv[2].encode() * 4096)
-            time.sleep(float(sys.argv[3]))
+            if sys.argv[3] != "stdin":
+                time.sleep(float(sys.argv[3]))
 
     write_atomically(sys.argv[1], write)
 """)
@@ -29,10 +32,13 @@ def _partials(where):
 
 def test_two_processes_writing_one_file_at_once_both_finish(tmp_path):
     path = tmp_path / "graph.npz"
-    slow = subprocess.Popen([sys.executable, "-c", _WRITER, str(path), "a", "0.25"], stdout=subprocess.PIPE, text=True)
-    assert slow.stdout.readline().strip() == "writing"
+    slow = subprocess.Popen([sys.executable, "-c", _WRITER, str(path), "a", "stdin"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert slow.stdout.readline().strip() == "writing"  # its partial is open, and stays so until told
     fast = subprocess.run([sys.executable, "-c", _WRITER, str(path), "b", "0"], capture_output=True, text=True)
     assert fast.returncode == 0, fast.stderr  # its sweep left the slow writer's partial alone ...
+    slow.stdin.write("go on\n")
+    slow.stdin.flush()
     assert slow.wait(timeout=60) == 0  # ... which then renamed it, whole (before the lock: FileNotFoundError)
     assert path.read_bytes() == b"a" * 4096 * 20
     assert _partials(tmp_path) == []

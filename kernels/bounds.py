@@ -1,0 +1,144 @@
+"""Ids out of range on a GPU, reported without a host sync: an error word per device, stamped by the kernels.
+
+A CUDA gather does not read its ids on the host before it launches (each read is a device-to-host sync that
+stalls the caller and drains the queue behind it).  The kernels check every id themselves:
+
+* an id outside ``[0, n_rows)`` is clamped before any load (an out-of-range read of mapped memory would kill
+  the CUDA context), and
+* the kernel stores the launch's *stamp*, a number unique to that launch, into the device's error word: one
+  int64 of pinned, GPU-mapped host memory.  A plain store, not an atomic: every bad id of a launch stores
+  the same value.
+
+The host reads that word as ordinary memory, which costs no CUDA call.  ``GatherFuture.wait()`` (or
+``check()``, which waits for the kernel) and the next gather on the same device raise the ``IndexError``,
+naming the position and the value (found on the error path only, where a sync no longer matters).  Stamps grow,
+so a word holding a stamp above the last one reported means a launch since then read a bad id.  Until then
+the clamped rows are in the output: a gather whose result is used before any later gather or ``wait()`` on
+that device can only learn of a bad id through ``check()`` or ``strict=True``.
+"""
+
+import itertools
+import os
+import threading
+from collections import OrderedDict
+
+import torch
+
+from .operands import out_of_range
+
+__all__ = ["DeviceBounds", "bounds_for", "RECENT"]
+
+#: Launches whose ids are kept so that an error can name the position and the value.
+RECENT = 64
+
+
+class DeviceBounds:
+    """The error word of one CUDA device and the launches that may stamp it.
+
+    Parameters
+    ----------
+    word : torch.Tensor
+        One int64 of pinned host memory (GPU-mapped under unified addressing), zero at first.
+
+    Examples
+    --------
+    >>> import torch
+    >>> b = DeviceBounds(torch.zeros(1, dtype=torch.int64))  # bounds_for(device) pins it; plain memory here
+    >>> stamp = b.stamp(torch.tensor([4, 9]), 5)
+    >>> b.word[0] = stamp  # what a kernel stores when it meets id 9
+    >>> b.raise_pending()
+    Traceback (most recent call last):
+    IndexError: index 9 is out of range for 5 rows (valid 0..4) (at position 1)
+    """
+
+    def __init__(self, word):
+        self.word = word
+        self.ptr = word.data_ptr()
+        self._host = word.numpy()  # reads the pinned word as plain memory: no CUDA call
+        self._stamps = itertools.count(1)
+        self._reported = 0
+        self._recent = OrderedDict()
+        self._lock = threading.Lock()
+
+    def stamp(self, index, n_rows):
+        """A new stamp for a launch over ``index`` (``n_rows`` rows)."""
+        stamp = next(self._stamps)
+        with self._lock:
+            self._recent[stamp] = (index, n_rows)
+            while len(self._recent) > RECENT:
+                self._recent.popitem(last=False)
+        return stamp
+
+    def raise_pending(self):
+        """Raise the ``IndexError`` of a launch that read a bad id since the last report, if the word shows one."""
+        seen = self._host[0]  # a numpy read of host memory
+        if seen > self._reported:
+            self._report(seen)
+
+    def raise_for(self, stamp):
+        """Raise if the launch of ``stamp`` read a bad id, as far as the word shows now."""
+        seen = self._host[0]
+        if seen == stamp:
+            self._report(seen)
+        elif seen > stamp:  # a later launch overwrote the word: look at this launch's own ids
+            with self._lock:
+                record = self._recent.get(stamp)
+            if record is not None and _first_bad(*record) is not None:
+                raise _error(record)
+
+    def _report(self, seen):
+        seen = int(seen)
+        with self._lock:
+            if seen <= self._reported:
+                return
+            self._reported = seen
+            record = self._recent.pop(seen, None)
+        if record is None:
+            raise IndexError("an id out of range was read by an earlier CUDA gather on this device "
+                             f"(more than {RECENT} launches ago): its rows were clamped")
+        raise _error(record)
+
+
+def _first_bad(index, n_rows):
+    """``(position, value)`` of the first id of ``index`` outside ``[0, n_rows)``, or None (syncs)."""
+    bad = ((index < 0) | (index >= n_rows)).nonzero()
+    if bad.numel() == 0:
+        return None
+    position = int(bad[0, 0])
+    return position, int(index[position])
+
+
+def _error(record):
+    index, n_rows = record
+    found = _first_bad(index, n_rows)
+    if found is None:
+        return IndexError(f"an id out of range for {n_rows} rows was read by a CUDA gather (its ids have "
+                          "changed since, so the position is unknown): its rows were clamped")
+    position, value = found
+    return out_of_range(value, n_rows, position=position)
+
+
+_devices = {}
+_devices_lock = threading.Lock()
+
+
+def bounds_for(device_index):
+    """The :class:`DeviceBounds` of CUDA device ``device_index`` (made once per process)."""
+    found = _devices.get(device_index)
+    if found is None:
+        with _devices_lock:
+            found = _devices.get(device_index)
+            if found is None:
+                found = DeviceBounds(torch.zeros(1, dtype=torch.int64, pin_memory=True))
+                _devices[device_index] = found
+    return found
+
+
+def _after_fork_in_child():
+    # A forked child cannot use its parent's CUDA state; it makes its own words if it starts CUDA.
+    global _devices_lock
+    _devices.clear()
+    _devices_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
