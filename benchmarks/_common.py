@@ -177,3 +177,14 @@ def cpu_hog(n):
             p.kill()
         for p in procs:
             p.wait()
+
+
+def parse_with_quick(parser, argv, quick):
+    """``parser.parse_args(argv)``, then with ``--quick`` the values of ``quick`` for every option left at its
+    default."""
+    args = parser.parse_args(argv)
+    if args.quick:
+        for k, v in quick.items():
+            if getattr(args, k) == parser.get_default(k):
+                setattr(args, k, v)
+    return args

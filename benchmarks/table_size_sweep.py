@@ -17,7 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import pyplot, save_figure, system_facts, write_json  # noqa: E402
+from _common import parse_with_quick, pyplot, save_figure, system_facts, write_json  # noqa: E402
 
 from directload.capabilities import capabilities  # noqa: E402
 from directload.harness.cli import HelpFormatter  # noqa: E402
@@ -56,12 +56,7 @@ def build_parser():
 
 
 def main(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.quick:
-        for k, v in QUICK.items():
-            if getattr(args, k) == parser.get_default(k):
-                setattr(args, k, v)
+    args = parse_with_quick(build_parser(), argv, QUICK)
     if not capabilities().cuda:
         print("no CUDA device on this machine: the table-size sweep measures zero-copy gathers, so nothing here")
         return 0

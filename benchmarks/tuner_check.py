@@ -19,7 +19,7 @@ import numpy as np
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import system_facts, table_text, write_json  # noqa: E402
+from _common import parse_with_quick, system_facts, table_text, write_json  # noqa: E402
 from _report import fmt_ratio, fmt_time, gpu_tables  # noqa: E402
 
 from directload.capabilities import capabilities  # noqa: E402
@@ -91,12 +91,7 @@ def verdicts(rows, index=("row_bytes", "count", "ids")):
 
 
 def main(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.quick:
-        for k, v in QUICK.items():
-            if getattr(args, k) == parser.get_default(k):
-                setattr(args, k, v)
+    args = parse_with_quick(build_parser(), argv, QUICK)
     if not capabilities().cuda:
         print("no CUDA device on this machine: the tuner times GPU kernels, so there is nothing to check here")
         return 0
