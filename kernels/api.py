@@ -38,7 +38,7 @@ POOL_BYTES = 1 << 20
 _CARRIER = {size: getattr(torch, CARRIERS[size].torch) for size in ELEMENT_SIZES}
 # Every backend module exports ``launch(src, index, out, *, aligned, stream) -> int`` (see
 # kernels.cpu.launch); the GPU ones import Numba CUDA or CuPy, so they load on first use.
-BACKEND_MODULES = {"cpu": ".cpu", "numba_cuda": ".numba_cuda", "cupy": ".cupy_backend"}
+BACKEND_MODULES = {"cpu": ".cpu", **gpu_path.BACKEND_MODULES}
 
 
 def launcher(name):
