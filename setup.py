@@ -53,9 +53,12 @@ setup(
     extras_require={
         # DGL's loader and the DGL training harness (the only torch DGL runs on).
         "dgl": DGL_STACK,
-        # PyG's NeighborLoader and FeatureStore; torch-scatter/torch-sparse are PyG's sampler and are
-        # published as source only (scripts/dev.sh builds them against the installed torch).
-        "pyg": ["torch-geometric>=2.8,<2.9", "torch-scatter>=2.1.2", "torch-sparse>=0.6.18", "ogb==1.3.6"],
+        # PyG's NeighborLoader and FeatureStore; without pyg-lib or torch-sparse, directload's sampler runs,
+        # so nothing compiles.
+        "pyg": ["torch-geometric>=2.8,<2.9", "ogb==1.3.6"],
+        # PyG's own CPU sampler (torch-sparse), to train on PyG's own batches or compare with them; published
+        # as source only and built against the installed torch (scripts/dev.sh test does it, about 8 minutes).
+        "pyg-sampler": ["torch-scatter>=2.1.2", "torch-sparse>=0.6.18"],
         # CuPy and the compilers, by the CUDA major version of the installed torch (chosen at run time).
         "cuda12": ["cupy-cuda12x>=13", "nvidia-cuda-nvcc-cu12>=12.1,<13"],
         "cuda13": ["cupy-cuda13x>=14,<15", "nvidia-nvvm>=13,<14", "nvidia-cuda-nvrtc>=13,<14"],

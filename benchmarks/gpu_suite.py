@@ -10,7 +10,9 @@ machine).  Sections, in order, each with a time budget (``--plan`` prints them a
    ``index_select`` and the ideal copy; ``unified[idx]`` against the goals; the alignment sweep;
 4. ``tuner``: the tuner's choice vs an exhaustive sweep (within 5%?);
 5. ``epoch``: a PyG-lane GraphSAGE epoch, PyG's loader against directload's;
-6. ``hotpath``: ``pytest tests/gpu tests/kernels tests/unified`` with ``DIRECTLOAD_SYNC_DEBUG=1`` (the
+6. ``sample``: directload's GPU sampler over a unified graph against PyG's sampler (and DGL's UVA sampler
+   where DGL runs), sampling alone (``benchmarks/sample_bench.py --device cuda``);
+7. ``hotpath``: ``pytest tests/gpu tests/kernels tests/unified`` with ``DIRECTLOAD_SYNC_DEBUG=1`` (the
    ``sync_debug`` fixture runs the gathers under ``torch.cuda.set_sync_debug_mode("error")``).
 
 Each section is appended to ``benchmarks/results/gpu_report.md`` when it ends, so a run killed midway
@@ -83,7 +85,7 @@ SECTIONS = (
     Section("tablesize", "2. Table-size sweep (256 MiB to 16 GiB)", 180, 75,
             (_bench("table_size_sweep.py", "--name", "gpu/table_size"),),
             (_bench("table_size_sweep.py", "--quick", "--name", "gpu/table_size"),)),
-    Section("kernels", "3. New kernels vs aligned vs index_select", 260, 120,
+    Section("kernels", "3. New kernels vs aligned vs index_select", 230, 90,
             # Caller-sorted ids are section 1's and 2's; here every candidate, +sort variants included.
             (_bench("gather_bandwidth.py", "--device", "cuda", "--id-order", "random", "--name",
                     "gpu/gather_bandwidth", share=0.5),
@@ -101,8 +103,11 @@ SECTIONS = (
     Section("epoch", "5. The PyG-lane epoch", 180, 120,
             (Step(("benchmarks/loader_e2e.py", "--framework", "pyg", "--device", "cuda", "--seeds", "1", "--epochs",
                    "2", "--out", "benchmarks/results/gpu", "--no-progress"), budgeted=False),)),
+    Section("sample", "6. directload's GPU sampler vs PyG's (and DGL's UVA sampler where DGL runs)", 90, 30,
+            (Step(("benchmarks/sample_bench.py", "--device", "cuda", "--rounds", "3"), budgeted=False),),
+            (Step(("benchmarks/sample_bench.py", "--device", "cuda", "--quick"), budgeted=False),)),
     # The GPU tests first: a run stopped at its budget has them.
-    Section("hotpath", "6. Hot-path checks: the GPU, kernel and unified tests under sync debug mode", 180, 120,
+    Section("hotpath", "7. Hot-path checks: the GPU, kernel and unified tests under sync debug mode", 180, 120,
             (Step(("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu", "tests/kernels", "tests/unified"),
                   env={"DIRECTLOAD_SYNC_DEBUG": "1"}, budgeted=False),)),
 )

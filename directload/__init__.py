@@ -1,5 +1,6 @@
 """directload: GPU-centric feature loading for mini-batch GNN training."""
 
+from .errors import DirectloadError
 from .files import CorruptFileError, from_file
 from .memory import PinError
 from .shared import SharedTableError, shared_table
@@ -9,6 +10,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "__version__",
+    "DirectloadError",
     "UnifiedTensor",
     "to_unified",
     "empty",

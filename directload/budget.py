@@ -62,6 +62,8 @@ import threading
 import time
 from dataclasses import asdict, dataclass, fields
 
+from directload.errors import DirectloadError
+
 from .flocks import LockTimeout, describe_holders, holders, wait_lock
 from .units import check_int
 
@@ -77,7 +79,7 @@ _RECORD_BYTES = 1 << 16
 _NOFOLLOW = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-class BudgetError(RuntimeError):
+class BudgetError(DirectloadError, RuntimeError):
     """A node budget refused a loader: its minimum does not fit, or its limits differ from the budget's.
 
     Examples

@@ -8,6 +8,8 @@ import os
 import sys
 from dataclasses import asdict, dataclass
 
+from directload.errors import DirectloadError
+
 __all__ = ["Capabilities", "capabilities", "usable_device", "NoDeviceError", "require", "io_uring_usable",
            "liburing_functions"]
 
@@ -227,7 +229,7 @@ def capabilities():
     )
 
 
-class NoDeviceError(RuntimeError):
+class NoDeviceError(DirectloadError, RuntimeError):
     """A device was asked for that this machine does not have (CUDA without a GPU, ``cuda:3`` of two).
 
     Examples
@@ -281,7 +283,7 @@ def usable_device(device):
 
 
 #: The extras that install each optional package.
-_EXTRAS = {"dgl": "dgl", "torch_geometric": "pyg", "torch_sparse": "pyg", "ogb": "ogb"}
+_EXTRAS = {"dgl": "dgl", "torch_geometric": "pyg", "torch_sparse": "pyg-sampler", "ogb": "ogb"}
 
 
 def require(module):

@@ -12,12 +12,14 @@ import fcntl
 import os
 import time
 
+from directload.errors import DirectloadError
+
 __all__ = ["LockTimeout", "wait_lock", "holders", "describe_holders"]
 
 _BUSY = (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)
 
 
-class LockTimeout(TimeoutError):
+class LockTimeout(DirectloadError, TimeoutError):
     """A lock stayed held by another process until the deadline (or ``stop`` was set).  ``pids``: its
     holders as :func:`holders` found them (empty where none is visible).
 

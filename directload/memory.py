@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from directload.capabilities import capabilities
+from directload.errors import DirectloadError
 from directload.kernels.host_bytes import host_view, nbytes_of
 
 __all__ = [
@@ -72,7 +73,7 @@ def resolve_pin(pin):
     raise ValueError(f"pin must be one of {PIN_MODES} (or True for 'require', False for 'never'), got {pin!r}")
 
 
-class PinError(RuntimeError):
+class PinError(DirectloadError, RuntimeError):
     """Host memory could not be pinned or registered; the message says why and how to fix it.
 
     Examples

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from directload.errors import DirectloadError
+
 __all__ = ["CorruptFileError", "NpyHeader", "open_regular", "read_header", "header_bytes", "make_mark",
            "MAX_HEADER_BYTES"]
 
@@ -38,7 +40,7 @@ _MAGIC = b"\x93NUMPY"
 _MARK = re.compile(r"#\s*directload-store v(\d+) token=([0-9a-f]{32}) packed=([01])\s*$")
 
 
-class CorruptFileError(ValueError):
+class CorruptFileError(DirectloadError, ValueError):
     """A feature file is truncated, has a bad header, is not a regular file, or does not match the
     requested layout or its own sidecar.
 

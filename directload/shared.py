@@ -50,6 +50,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from directload.errors import DirectloadError
+
 from .flocks import LockTimeout, describe_holders, holders, wait_lock
 from .memory import resolve_pin
 from .npy import open_regular, read_header
@@ -73,7 +75,7 @@ _PID_MAX = 1 << 22  # Linux's largest pid_max
 _COUNTING = threading.Lock()  # lockf's record locks are the process's: threads of one process take turns here
 
 
-class SharedTableError(RuntimeError):
+class SharedTableError(DirectloadError, RuntimeError):
     """A shared table could not be made or mapped: shared memory too small, a table of the same key that is
     not the one asked for, a file under its name that is not a table of ours, or no source to write it from.
 

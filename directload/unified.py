@@ -7,6 +7,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from directload.capabilities import capabilities
+from directload.errors import DirectloadError
 from directload.kernels import gather
 from directload.kernels.interop import CudaArrayView
 from directload.kernels.operands import check_readable, out_of_range
@@ -28,7 +29,7 @@ from .placement import (
 __all__ = ["UnifiedTensor", "ClosedError", "to_unified", "empty", "zeros", "ones", "is_unified", "host_of"]
 
 
-class ClosedError(RuntimeError):
+class ClosedError(DirectloadError, RuntimeError):
     """The unified tensor was closed; its memory may be gone.
 
     Examples

@@ -42,8 +42,8 @@ from .carriers import CARRIERS, ELEMENT_SIZES
 from .indexing import naive_element
 from .operands import check_launch, check_readable
 
-__all__ = ["launch", "first_invalid", "set_num_threads", "get_num_threads", "set_team", "team", "wait_policy",
-           "LIBGOMP_SPINS", "prepare", "ready", "note_fallback", "LOAD_AFTER_S",
+__all__ = ["launch", "first_invalid", "prefetch", "set_num_threads", "get_num_threads", "set_team", "team",
+           "wait_policy", "LIBGOMP_SPINS", "prepare", "ready", "note_fallback", "LOAD_AFTER_S",
            "SERIAL_BYTES", "PREFETCH_ROWS", "PREFETCH_LINES", "MEMCPY_BYTES"]
 
 _naive = njit(inline="always")(naive_element)
@@ -62,7 +62,7 @@ SERIAL_BYTES = 256 * 1024
 # ---------------------------------------------------------------- LLVM helpers
 
 @intrinsic
-def _prefetch(typingctx, table, row, offset):
+def prefetch(typingctx, table, row, offset):
     """``llvm.prefetch`` (read, keep in all levels) of byte ``offset`` of ``table[row]``."""
     def codegen(context, builder, signature, args):
         aty = signature.args[0]
@@ -158,7 +158,7 @@ def _aligned_rows(src, idx, out, lo, hi):
         if ahead < hi:
             far = idx[ahead]
             for line in range(lines):
-                _prefetch(src, far, line * 64)
+                prefetch(src, far, line * 64)
         row = idx[i]
         if row_bytes >= MEMCPY_BYTES:
             _copy_row(out, i, src, row, row_bytes)

@@ -20,7 +20,7 @@ from .sources import CUDA_DIR, cache_dir
 from .variants import Variant, legal_width
 
 __all__ = ["launch", "launch_variant", "launch_check_clamp", "launch_tiered", "kernel", "tiered_kernel",
-           "gather_rows", "gather_tiered_rows"]
+           "gather_rows", "gather_tiered_rows", "launch_kernel"]
 
 _NULL = np.uint64(0)  # a null pointer argument (no pos, no err word, no trace)
 _NAIVE = Variant("naive")
@@ -48,17 +48,18 @@ def tiered_kernel(device_id, aligned, elem_bytes):
     return _function(device_id, tiered_kernel_name(aligned, elem_bytes))
 
 
-def _function(device_id, name):
+def _function(device_id, name, source="gather.cu", options=()):
     import cupy
 
     with cupy.cuda.Device(device_id) as dev:
         major, minor = dev.compute_capability[:-1], dev.compute_capability[-1]
         arch = f"sm_{major}{minor}"
-        digest = hashlib.sha256((CUDA_DIR / "gather.cu").read_bytes() + name.encode() + arch.encode())
+        digest = hashlib.sha256((CUDA_DIR / source).read_bytes() + name.encode() + arch.encode()
+                                + " ".join(options).encode())
         path = cache_dir() / "cubin" / f"{digest.hexdigest()[:20]}.cubin"
         lowered_path = path.with_suffix(".name")
         if not path.exists():
-            res = compile_gather(arch, [name])
+            res = compile_gather(arch, [name], options, source=source)
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(f"{path}.{os.getpid()}")
             tmp.write_bytes(res.image)
@@ -77,12 +78,12 @@ def _sm_count(device_id):
 
 
 @functools.cache
-def _handle(device_id, name):
+def _handle(device_id, name, source="gather.cu", options=()):
     """``(function, resident)``: the kernel bound to the device, and the blocks of :data:`BLOCK` threads the device
     holds at once (its SMs times the blocks per SM its registers allow)."""
     import cupy
 
-    raw = _function(device_id, name)
+    raw = _function(device_id, name, source, options)
     with cupy.cuda.Device(device_id):
         fn = raw.kernel  # the cupy.cuda.function.Function loaded on this device
         per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, BLOCK, 0)
@@ -98,7 +99,17 @@ def _stream(stream_ptr, device_id):
 
 
 def _run(device_id, name, threads, args, stream_ptr):
-    fn, resident = _handle(device_id, name)
+    launch_kernel(device_id, name, threads, args, stream_ptr)
+
+
+def launch_kernel(device_id, name, threads, args, stream_ptr, *, source="gather.cu", options=()):
+    """Start kernel ``name`` (a template name expression) of ``kernels/cuda/<source>`` on ``stream_ptr``: a
+    persistent grid for ``threads`` grid-strided threads, ``args`` numpy scalars of the kernel's parameter sizes.
+
+    The cubin is compiled for the device by our NVRTC with ``options`` and cached as :func:`kernel`'s are.
+    No host sync.
+    """
+    fn, resident = _handle(device_id, name, source, tuple(options))
     fn((persistent_grid(threads, resident),), (BLOCK,), args, 0, _stream(stream_ptr, device_id))
 
 

@@ -1,4 +1,4 @@
-"""Host-emulation build: compiles kernels/cuda/gather.cu with g++ and runs its kernels on the CPU."""
+"""Host-emulation build: compiles kernels/cuda/gather.cu and sample.cu with g++ and runs their kernels on the CPU."""
 
 import ctypes
 import functools
@@ -13,18 +13,22 @@ from pathlib import Path
 
 import numpy as np
 
+from directload.errors import DirectloadError
+
 from .indexing import BLOCK
 from .sources import CUDA_DIR, cache_dir
 
-__all__ = ["CUDA_DIR", "EmulationError", "AccessCounts", "library", "launch", "launch_rowvec", "launch_check_clamp",
-           "launch_tiered", "counters", "reset_counters", "probe", "aligned_mirror", "tier_row_mirror"]
+__all__ = ["CUDA_DIR", "LOCK", "EmulationError", "AccessCounts", "library", "launch", "launch_rowvec",
+           "launch_check_clamp", "launch_tiered", "counters", "reset_counters", "probe", "aligned_mirror",
+           "tier_row_mirror"]
 
-_SOURCES = ("gather.cu", "cuda_shim.h", "emu_launch.cpp")
-# The emulated launch state (thread indices, fences, counters) is global to the library: one launch at a time.
-_LOCK = threading.Lock()
+_SOURCES = ("gather.cu", "sample.cu", "cuda_shim.h", "emu_launch.cpp", "emu_sample.cpp")
+_MAINS = ("emu_launch.cpp", "emu_sample.cpp")
+#: The emulated launch state (thread indices, fences, counters) is global to the library: one launch at a time.
+LOCK = threading.Lock()
 
 
-class EmulationError(RuntimeError):
+class EmulationError(DirectloadError, RuntimeError):
     """The host-emulation build could not be compiled or run."""
 
 
@@ -58,7 +62,7 @@ def library():
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             out = Path(tmp) / target.name
             cmd = [cxx, "-O2", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
-                   "-o", str(out), str(CUDA_DIR / "emu_launch.cpp")]
+                   "-o", str(out), *(str(CUDA_DIR / m) for m in _MAINS)]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise EmulationError(f"host-emulation build failed:\n{proc.stderr}")
@@ -168,7 +172,7 @@ def launch(src, idx, out, *, aligned, grid, block=BLOCK, trace=False, pos=None, 
     if trace:
         tid = np.full(out.size, -1, np.int64)
         step = np.full(out.size, -1, np.int32)
-    with _LOCK:
+    with LOCK:
         rc = library().dl_emu_gather(
             int(aligned), src.itemsize, idx.itemsize, grid, block, src.ctypes.data, src.nbytes, idx.ctypes.data,
             _pointer(pos), out.ctypes.data, out.nbytes, idx.shape[0], row_elems,
@@ -208,7 +212,7 @@ def launch_rowvec(src, idx, out, *, width, lanes, grid, block=BLOCK, pos=None, n
     """
     _check_contiguous(src=src, idx=idx, out=out, pos=pos)
     _check_rows(src, idx, out, pos, err)
-    with _LOCK:
+    with LOCK:
         rc = library().dl_emu_rowvec(
             width, idx.itemsize, lanes, grid, block, src.ctypes.data, src.nbytes, idx.ctypes.data, _pointer(pos),
             out.ctypes.data, out.nbytes, idx.shape[0], _row_bytes(src), src.shape[0] if n_rows is None else n_rows,
@@ -232,7 +236,7 @@ def launch_check_clamp(idx, clamped, n_rows, *, grid=1, block=BLOCK, err=None, s
     _check_contiguous(idx=idx, clamped=clamped)
     if clamped.dtype != idx.dtype or clamped.shape != idx.shape:
         raise ValueError(f"clamped must match idx ({idx.dtype}, {idx.shape}), got {clamped.dtype}, {clamped.shape}")
-    with _LOCK:
+    with LOCK:
         rc = library().dl_emu_check_clamp(idx.itemsize, grid, block, idx.ctypes.data, clamped.ctypes.data,
                                           idx.shape[0], n_rows, _pointer(err), stamp)
     if rc != 0:
@@ -280,7 +284,7 @@ def probe(buf, offset, width, *, store=False):
     _check_contiguous(buf=buf)
     if not 0 <= offset <= buf.nbytes - width:
         raise ValueError(f"{width} bytes at offset {offset} do not fit a buffer of {buf.nbytes}")
-    with _LOCK:
+    with LOCK:
         rc = library().dl_emu_probe(buf.ctypes.data + offset, width, int(store))
     if rc != 0:
         raise ValueError(f"width must be 1, 2, 4, 8 or 16 bytes, got {width}")
@@ -298,7 +302,7 @@ def launch_tiered(cache, flat, where, out, *, aligned=True, stream=0, grid=1, bl
     for name, a in (("cache", cache), ("flat", flat), ("where", where), ("out", out)):
         if not a.flags.c_contiguous:
             raise ValueError(f"{name} must be C-contiguous")
-    with _LOCK:
+    with LOCK:
         rc = library().dl_emu_gather_tiered(int(aligned), out.itemsize, grid, block, cache.ctypes.data,
                                             flat.ctypes.data, where.ctypes.data, out.ctypes.data, where.shape[0],
                                             out.shape[1])

@@ -1,10 +1,11 @@
-"""Offline NVRTC compilation of kernels/cuda/gather.cu to PTX or cubin, with no GPU or driver."""
+"""Offline NVRTC compilation of kernels/cuda/gather.cu (or sample.cu) to PTX or cubin, with no GPU or driver."""
 
 import ctypes
 import functools
 from dataclasses import dataclass
 
 from directload.capabilities import find_libnvrtc
+from directload.errors import DirectloadError
 
 from .carriers import CARRIERS
 from .sources import CUDA_DIR
@@ -21,7 +22,7 @@ INDEX_TYPES = {4: "int", 8: "long long"}
 ROWVEC_WIDTHS = (16, 8, 4, 2, 1)
 
 
-class NvrtcError(RuntimeError):
+class NvrtcError(DirectloadError, RuntimeError):
     """NVRTC is missing or rejected the source; the message carries its log.
 
     Examples
@@ -132,8 +133,8 @@ def all_kernel_names():
     return names
 
 
-def compile_gather(arch="compute_90", names=None, extra_options=()):
-    """Compile gather.cu with NVRTC.
+def compile_gather(arch="compute_90", names=None, extra_options=(), *, source="gather.cu"):
+    """Compile gather.cu (or ``source``) with NVRTC.
 
     Parameters
     ----------
@@ -143,6 +144,9 @@ def compile_gather(arch="compute_90", names=None, extra_options=()):
         Template name expressions to instantiate; every specialisation by default.
     extra_options : sequence of str
         More NVRTC options.
+    source : str
+        The file of ``kernels/cuda`` to compile; ``names`` is then required (``sample.cu``: see
+        ``kernels.sampling_gpu.kernel_names``).
 
     Returns
     -------
@@ -157,11 +161,13 @@ def compile_gather(arch="compute_90", names=None, extra_options=()):
     ...     assert b".target sm_90" in res.image
     """
     if names is None:
+        if source != "gather.cu":
+            raise ValueError(f"name the kernels of {source} to compile")
         names = all_kernel_names()
     lib = _lib()
-    source = (CUDA_DIR / "gather.cu").read_bytes()
+    text = (CUDA_DIR / source).read_bytes()
     prog = ctypes.c_void_p()
-    _check(lib.nvrtcCreateProgram(ctypes.byref(prog), source, b"gather.cu", 0, None, None), "nvrtcCreateProgram")
+    _check(lib.nvrtcCreateProgram(ctypes.byref(prog), text, source.encode(), 0, None, None), "nvrtcCreateProgram")
     try:
         for n in names:
             _check(lib.nvrtcAddNameExpression(prog, n.encode()), f"nvrtcAddNameExpression({n})")

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 
 import torch
 
+from directload.errors import DirectloadError
 from directload.stores import CacheStats
 from directload.units import check_int
 
@@ -191,7 +192,7 @@ class BatchAdapter:
         return ()
 
 
-class PipelineError(RuntimeError):
+class PipelineError(DirectloadError, RuntimeError):
     """A pipeline thread ended without handing over a batch, an end or an error (never expected).
 
     Examples

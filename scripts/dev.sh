@@ -6,7 +6,9 @@
 #
 # Two lanes, because DGL's last wheels load only on torch 2.2.1 and PyG 2.8 wants torch 2.9-2.12:
 #   .venv      the DGL lane: torch 2.2.1, numpy 1, CUDA 12 packages   (pip install -e .[dgl,cuda12,io,dev])
-#   .venv-pyg  the PyG lane: torch 2.12.1, numpy 2, CUDA 13 packages  (pip install -e .[pyg,cuda13,io,dev])
+#   .venv-pyg  the PyG lane: torch 2.12.1, numpy 2, CUDA 13 packages  (pip install -e .[pyg,cuda13,io,dev]);
+#              nothing compiles (directload's sampler runs), and `test` adds PyG's own sampler (torch-sparse,
+#              built from source) to compare with
 # and the docs tools, without directload (mkdocstrings reads the code without importing it):
 #   .venv-docs MkDocs, Material and mkdocstrings                      (the docs extra's requirements)
 set -euo pipefail
@@ -77,20 +79,31 @@ _build_sampler_wheels() {  # $1 venv: build (once per torch version) and print t
     echo "$wh"
 }
 
-setup_pyg() {
+setup_pyg() {  # the PyG lane as a user installs it: directload[pyg] and nothing to compile
     _ready "$PYG_VENV" pyg && return
-    echo "== setting up $PYG_VENV, the PyG lane: torch $PYG_TORCH (about 10 minutes the first time, while"
-    echo "   torch-scatter and torch-sparse, PyG's sampler, compile from source; a minute or two after) =="
+    echo "== setting up $PYG_VENV, the PyG lane: torch $PYG_TORCH (about 3 minutes; nothing compiles:"
+    echo "   directload's sampler runs where PyG has none) =="
     _venv "$PYG_VENV"
-    "$PYG_VENV/bin/python" -m pip install --quiet "torch==$PYG_TORCH" "numpy>=2" wheel ninja setuptools
+    "$PYG_VENV/bin/python" -m pip install --quiet "torch==$PYG_TORCH" "numpy>=2" -e ".[pyg,cuda13,io,dev]"
+    "$PYG_VENV/bin/python" -m pip check
+    rm -f "$PYG_VENV/.directload-pyg-sampler"
+    echo "pyg-$(_stamp)" > "$PYG_VENV/.directload-setup"
+}
+
+setup_pyg_sampler() {  # the test lane adds PyG's own sampler, to compare directload's batches with PyG's
+    setup_pyg
+    [ "$(cat "$PYG_VENV/.directload-pyg-sampler" 2>/dev/null)" = "pyg-sampler-$(_stamp)" ] && return
+    echo "== adding PyG's own sampler to $PYG_VENV: torch-scatter and torch-sparse compile from source"
+    echo "   (about 8 minutes the first time, kept in a wheelhouse per torch version after) =="
+    "$PYG_VENV/bin/python" -m pip install --quiet wheel ninja setuptools
     local wh
     wh=$(_build_sampler_wheels "$PYG_VENV")
-    "$PYG_VENV/bin/python" -m pip install --quiet --find-links "$wh" "torch==$PYG_TORCH" \
-        -e ".[pyg,cuda13,io,dev]"
+    "$PYG_VENV/bin/python" -m pip install --quiet --no-index --find-links "$wh" "torch-scatter==$SCATTER" \
+        "torch-sparse==$SPARSE"
     "$PYG_VENV/bin/python" -m pip check
     "$PYG_VENV/bin/python" -c "import sys, torch_geometric.typing as t; \
 sys.exit(0 if t.WITH_TORCH_SPARSE else 'torch_sparse does not load: PyG cannot sample')"
-    echo "pyg-$(_stamp)" > "$PYG_VENV/.directload-setup"
+    echo "pyg-sampler-$(_stamp)" > "$PYG_VENV/.directload-pyg-sampler"
 }
 
 setup_docs() {
@@ -146,7 +159,7 @@ case "${1:-}" in
     test)
         shift
         setup_dgl
-        setup_pyg
+        setup_pyg_sampler
         setup_docs
         run_tests "$@"
         ;;

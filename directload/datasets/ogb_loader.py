@@ -20,6 +20,7 @@ import torch
 
 from directload.atomic import write_atomically
 from directload.capabilities import require
+from directload.errors import DirectloadError
 from directload.files import CorruptFileError, from_file, npy_layout
 from directload.unified import to_unified
 
@@ -34,7 +35,7 @@ FEATURE_FILE = "node-feat.npy"
 GRAPH_CACHE = "directload-graph.npz"
 
 
-class IncompleteDatasetError(FileNotFoundError):
+class IncompleteDatasetError(DirectloadError, FileNotFoundError):
     """A dataset directory lacks files it needs (an interrupted or partial generation, or a copy).
 
     Examples
@@ -108,6 +109,7 @@ class Dataset:
     split: dict
     num_classes: int
     _graph: object = field(default=None, repr=False)
+    _csc: object = field(default=None, repr=False)
 
     @property
     def num_edges(self):
@@ -124,6 +126,29 @@ class Dataset:
             g.ndata["feat"] = self.feat
             self._graph = g
         return self._graph
+
+    def csc(self, *, affinity="cuda"):
+        """The graph as a :class:`directload.graph.CSCGraph` (every node's in-edges), for directload's sampler.
+
+        Built once from ``edge_index`` and kept in the dataset's directory
+        (``csc/``, memory-mapped on later loads, checked against a CRC of
+        ``edge_index`` so a regenerated dataset is rebuilt), or only in memory
+        where the directory is read-only.
+        """
+        if self._csc is None:
+            from directload.graph import CSCGraph, GraphError
+
+            crc32c = require("crc32c")
+            source = f"edge_index crc32c {crc32c.crc32c(self.edge_index.numpy().tobytes()):08x}"
+            where = self.path / "csc"
+            try:
+                g = CSCGraph.load(where, affinity=affinity, source=source)
+            except (FileNotFoundError, GraphError):
+                g = CSCGraph.from_edge_index(self.edge_index, self.num_nodes)
+                with contextlib.suppress(OSError):
+                    g.save(where, source=source)
+            self._csc = g
+        return self._csc
 
     def to_pyg(self):
         """A ``torch_geometric.data.Data`` with ``x`` (the unified tensor), ``y`` and ``edge_index``.

@@ -9,7 +9,7 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
-from directload.harness.train import SIDES
+from directload.harness.train import SAMPLERS, SIDES
 from directload.harness.train_inputs import FEATURE_MODES
 from directload.stores.cache import POLICY_NAMES
 from directload.units import check_int
@@ -26,7 +26,7 @@ BENCH_SCRIPTS = {"gather": "gather_bandwidth.py", "alignment": "alignment_sweep.
                  "loader": "loader_e2e.py", "gpu": "gpu_suite.py", "disk": "disk_read.py",
                  "cache": "cache_policies.py", "ooc": "out_of_core.py", "pack": "hot_packing.py",
                  "pyg": "pyg_idioms.py", "versus": "versus.py", "share": "node_share.py",
-                 "dist": "distdgl.py"}
+                 "dist": "distdgl.py", "sample": "sample_bench.py"}
 _SOURCE_TREE = Path(__file__).resolve().parents[2]  # the checkout: directload/harness/cli.py
 
 
@@ -388,6 +388,10 @@ def add_train_arguments(p):
     p.add_argument("--staging", type=_size, default=None,
                    help="bytes of the host tier's read-ahead slots with --features tiered (default: a quarter of "
                         "--host-cache, at least 64M)")
+    p.add_argument("--sampler", choices=SAMPLERS, default="directload",
+                   help="directload's loader samples with directload's sampler (the framework's distribution, "
+                        "uniform without replacement, not its batches; the same on any thread count) or the "
+                        "framework's own (its batches, bit for bit); the framework's loader always uses its own")
     p.add_argument("--lookahead", type=_lookahead, default=4,
                    help="batches directload's loader samples (and announces to the stores) ahead, or auto: "
                         "each epoch's from the last one's stage times")
@@ -516,7 +520,8 @@ def run_training(args, models, loaders, seeds, name, conditions=None):
                        node_io_depth=getattr(args, "node_io_depth", 0),
                        budget_name=getattr(args, "budget_name", "directload"),
                        shared_hot=getattr(args, "shared_hot", 0),
-                       partitioned=getattr(args, "partition_features", False))
+                       partitioned=getattr(args, "partition_features", False),
+                       sampler=getattr(args, "sampler", "directload"))
     rows = compare(dataset, base, models=models, loaders=loaders, seeds=seeds, progress=not args.no_progress,
                    conditions=conditions)
     if rank != 0:
@@ -525,6 +530,7 @@ def run_training(args, models, loaders, seeds, name, conditions=None):
             "edges": dataset.num_edges, "feats": int(dataset.feat.shape[1]), "epochs": args.epochs,
             "torch_threads": torch.get_num_threads(), "capabilities": capabilities().as_dict(),
             "features": features, "memory_limit": limit, "nproc": size,
+            "sampler": {row["loader"]: row["sampler"] for row in rows},
             "feature_file_bytes": sum(os.path.getsize(f) for f in files), "openmp_wait_policy": cpu_wait_policy(),
             **({"conditions": [c for c, _ in conditions]} if conditions else {})}
     path, summary = write_report(rows, args.out or _default_out(), name, meta)

@@ -16,6 +16,8 @@ from datetime import timedelta
 
 import torch
 
+from directload.errors import DirectloadError
+
 __all__ = ["join_torchrun", "torchrun_world", "world", "barrier", "finish", "launch", "RankFailed", "TIMEOUT_S",
            "nproc_ceiling", "check_nproc", "MAX_NPROC", "RANKS_PER_CORE", "RANK_BYTES"]
 
@@ -31,7 +33,7 @@ RANKS_PER_CORE = 4
 RANK_BYTES = 512 << 20
 
 
-class RankFailed(RuntimeError):
+class RankFailed(DirectloadError, RuntimeError):
     """A rank of a job :func:`launch` started failed; the other ranks were stopped."""
 
 

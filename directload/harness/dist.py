@@ -33,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 
+from directload.errors import DirectloadError
+
 __all__ = ["DistLaunchError", "MachineFailed", "check_host", "launch_machines", "machine_main", "SUBNET", "link_names",
            "links_of", "sweep_links"]
 
@@ -44,11 +46,11 @@ _STEP_TIMEOUT = 60.0  # seconds for one `ip` command or one machine to come up: 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-class DistLaunchError(RuntimeError):
+class DistLaunchError(DirectloadError, RuntimeError):
     """This host cannot emulate several machines (not root, no ``unshare`` or ``ip``, namespaces refused)."""
 
 
-class MachineFailed(RuntimeError):
+class MachineFailed(DirectloadError, RuntimeError):
     """A machine's server or trainer failed; the message names which and how, and the others were stopped."""
 
 

@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .plotting import pyplot, save_figure
-from .train import TrainConfig, train
+from .train import TrainConfig, framework_side, train
 
 __all__ = ["compare", "summarize", "write_report", "print_summary", "json_safe"]
 
@@ -55,10 +55,13 @@ def _runs(dataset, base, model, seed, loaders, progress):
                              "packed": base.packed and loader == "directload",
                              "node_budget": base.node_budget if loader == "directload" else 0,
                              "node_io_depth": base.node_io_depth if loader == "directload" else 0,
-                             "shared_hot": base.shared_hot if loader == "directload" else 0})
+                             "shared_hot": base.shared_hot if loader == "directload" else 0,
+                             "sampler": base.sampler if loader == "directload"
+                             else framework_side(base.framework).own_sampler()})
         t0 = time.perf_counter()
         res = train(dataset, cfg, progress=progress)
-        rows.append({"model": model, "loader": loader, "seed": seed, "wall_s": time.perf_counter() - t0,
+        rows.append({"model": model, "loader": loader, "sampler": cfg.sampler, "seed": seed,
+                     "wall_s": time.perf_counter() - t0,
                      "valid_acc": res.valid_acc, "test_acc": res.test_acc,
                      "epochs": [asdict(e) for e in res.epochs], "config": res.config, "warm": res.warm,
                      **({"ranks": res.ranks} if res.ranks else {}),
@@ -176,6 +179,10 @@ def print_summary(summary, meta):
     policy = f", OpenMP wait policy {meta['openmp_wait_policy']}" if "openmp_wait_policy" in meta else ""
     print(f"\n{meta['dataset']}: {meta['nodes']} nodes, {meta['edges']} edges, {meta['feats']} features; "
           f"{meta['device']}, {meta['torch_threads']} torch threads{policy}; {how}")
+    if meta.get("sampler"):
+        own = {"dgl": "DGL", "pyg": "PyG"}.get(meta.get("framework"), "the framework")
+        print("sampler: " + "; ".join(f"{loader}'s loader samples with {own if s == 'framework' else 'directload'}'s"
+                                      for loader, s in meta["sampler"].items()))
     conditioned = any("condition" in r for r in summary)
     cols = [("model", "model", "s"), *([("condition", "condition", "s")] if conditioned else []),
             ("loader", "loader", "s"), ("seeds", "seeds", "d"),

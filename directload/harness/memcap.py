@@ -22,6 +22,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from directload.errors import DirectloadError
 from directload.units import parse_size
 
 __all__ = ["parse_limit", "check_limit", "run_capped", "enter_capped_child", "guard_children", "drop_page_cache",
@@ -40,7 +41,7 @@ _WAIT_SLICE_S = 0.5  # how often the guardian looks at the clock while it waits
 _PREFIX = "directload-"
 
 
-class MemoryCapExceeded(RuntimeError):
+class MemoryCapExceeded(DirectloadError, RuntimeError):
     """The kernel's OOM killer ended the capped command: it needed more memory than the cap."""
 
 

@@ -27,13 +27,17 @@ from .train_inputs import (
 
 __all__ = ["TrainConfig", "EpochStats", "RunResult", "train", "evaluate", "TimedTable", "resolve_depth",
            "disk_store", "feature_store", "memmap_features", "FEATURE_MODES", "DEFAULT_FANOUTS",
-           "DISK_FILE", "PACKED_FILE", "SIDES", "register_framework", "framework_side"]
+           "DISK_FILE", "PACKED_FILE", "SIDES", "SAMPLERS", "register_framework", "framework_side"]
 
 
 #: Each framework's side of a run, by name: a module with ``build_model``, ``make_loader``, ``input_nodes``,
-#: ``epoch``, ``forward`` and ``seed``.  A side imports :mod:`directload.harness.train_inputs`, never this module, and
-#: is imported only when a run asks for its framework.
+#: ``epoch``, ``forward``, ``seed`` and ``own_sampler`` (whose sampler the framework's loader runs).  A side
+#: imports :mod:`directload.harness.train_inputs`, never this module, and is imported only when a run asks for
+#: its framework.
 SIDES = {"dgl": "directload.harness.train_dgl", "pyg": "directload.harness.train_pyg"}
+#: ``"directload"``: directload's sampler (:mod:`directload.sampler`; the framework's distribution, not its
+#: batches); ``"framework"``: the framework's own, the same batches bit for bit.
+SAMPLERS = ("directload", "framework")
 
 
 def register_framework(name, module):
@@ -125,6 +129,7 @@ class TrainConfig:
     budget_name: str = "directload"  # the node budget's name: jobs with the same name share it
     shared_hot: int = 0  # packed tiered runs: bytes of the hottest rows held once per node in shared memory
     partitioned: bool = False  # DDP: each rank holds 1/nproc of the rows, the rest fetched by all-to-all
+    sampler: str = None  # "directload" (ours: the same distribution) or "framework"; None: ours in directload's loader
 
     def __post_init__(self):
         if self.model not in ("sage", "gat"):
@@ -135,6 +140,10 @@ class TrainConfig:
             raise ValueError(f"loader must be {self.framework!r} (the framework's own) or 'directload', "
                              f"got {self.loader!r}")
         self.layers, self.fanouts = resolve_depth(self.layers, self.fanouts)
+        if self.sampler is None:
+            self.sampler = "directload" if self.loader == "directload" else "framework"
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {SAMPLERS}, got {self.sampler!r}")
         from directload.loaders.pipeline import check_lookahead
         from directload.stores.cache import POLICY_NAMES
         from directload.units import check_bytes, check_int

@@ -14,7 +14,7 @@ dgl = require("dgl")  # with DGL's PyTorch backend, the environment left as it w
 
 import dgl.nn as dglnn  # noqa: E402
 
-__all__ = ["SAGE", "GAT", "build_model", "make_loader", "input_nodes", "epoch", "forward", "seed"]
+__all__ = ["SAGE", "GAT", "build_model", "graph_sampler", "make_loader", "input_nodes", "epoch", "forward", "seed"]
 
 
 class SAGE(nn.Module):
@@ -67,12 +67,36 @@ def seed(value):
     dgl.seed(value)
 
 
+def own_sampler():
+    """The sampler DGL's loader runs here: always DGL's own ("framework")."""
+    return "framework"
+
+
+def graph_sampler(cfg, **prefetch):
+    """The run's neighbour sampler over ``cfg.fanouts``: directload's (``cfg.sampler == "directload"``), a DGL
+    ``BlockSampler`` that DGL's loader runs as well as ours, or DGL's own.
+
+    Examples
+    --------
+    >>> from directload.harness.train import TrainConfig
+    >>> from directload.harness.train_dgl import graph_sampler
+    >>> type(graph_sampler(TrainConfig(loader="dgl"))).__module__
+    'dgl.dataloading.neighbor_sampler'
+    >>> graph_sampler(TrainConfig(loader="dgl", sampler="directload"), prefetch_labels=["label"])
+    NeighborSampler(fanouts=[15, 10, 5], edge_dir='in', prob=None, replace=False)
+    """
+    if cfg.sampler == "directload":
+        from directload.loaders.dgl import NeighborSampler
+
+        return NeighborSampler(list(cfg.fanouts), **prefetch)
+    return dgl.dataloading.NeighborSampler(list(cfg.fanouts), **prefetch)
+
+
 def make_loader(cfg, dataset, ids, batch_size, shuffle, ddp=False):
-    """DGL's loader over a plain (timed) table, or directload's over the unified one; with ``ddp`` this
-    rank's share of ``ids``, split by DGL (``use_ddp=True``)."""
+    """DGL's loader over a plain (timed) table, or directload's over the unified one, each with the run's
+    sampler (:func:`graph_sampler`); with ``ddp`` this rank's share of ``ids``, split by DGL (``use_ddp=True``)."""
     graph, feat = dataset.graph, dataset.feat
-    sampler = dgl.dataloading.NeighborSampler(list(cfg.fanouts), prefetch_node_feats=["feat"],
-                                              prefetch_labels=["label"])
+    sampler = graph_sampler(cfg, prefetch_node_feats=["feat"], prefetch_labels=["label"])
     kw = dict(device=cfg.device, batch_size=batch_size, shuffle=shuffle, drop_last=False, num_workers=cfg.num_workers,
               use_ddp=ddp)
     if cfg.loader == "dgl":
@@ -90,7 +114,7 @@ def make_loader(cfg, dataset, ids, batch_size, shuffle, ddp=False):
 
 def input_nodes(cfg, dataset, ids, batch_size):
     """The input nodes of each batch of one epoch of the run's sampler (shuffled seeds), features unread."""
-    sampler = dgl.dataloading.NeighborSampler(list(cfg.fanouts))
+    sampler = graph_sampler(cfg)
     loader = dgl.dataloading.DataLoader(dataset.graph, ids, sampler, batch_size=batch_size, shuffle=True)
     for nodes, _, _ in epoch(loader):
         yield nodes

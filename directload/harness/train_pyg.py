@@ -6,7 +6,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch_geometric.loader import NeighborLoader as PygNeighborLoader
 from torch_geometric.nn import GATConv, SAGEConv
-from torch_geometric.utils import trim_to_layer
 
 from directload.unified import host_of
 
@@ -29,8 +28,7 @@ class SAGE(nn.Module):
 
     def forward(self, x, edge_index, nodes_per_hop, edges_per_hop):
         for i, layer in enumerate(self.layers):
-            x, edge_index = _trim(i, nodes_per_hop, edges_per_hop, x, edge_index)
-            x = layer(x, edge_index)
+            x = layer(*_layer_input(i, len(self.layers), nodes_per_hop, edges_per_hop, x, edge_index))
             if i != len(self.layers) - 1:
                 x = self.dropout(F.relu(x))
         return x
@@ -52,20 +50,26 @@ class GAT(nn.Module):
 
     def forward(self, x, edge_index, nodes_per_hop, edges_per_hop):
         for i, layer in enumerate(self.layers):
-            x, edge_index = _trim(i, nodes_per_hop, edges_per_hop, x, edge_index)
+            x, e = _layer_input(i, len(self.layers), nodes_per_hop, edges_per_hop, x, edge_index)
             if i != len(self.layers) - 1:
-                x = F.elu(layer(self.dropout(x), edge_index))
+                x = F.elu(layer(tuple(map(self.dropout, x)) if isinstance(x, tuple) else self.dropout(x), e))
             else:
-                x = layer(x, edge_index)
+                x = layer(x, e)
         return x
 
 
-def _trim(layer, nodes_per_hop, edges_per_hop, x, edge_index):
-    """``trim_to_layer`` when per-hop counts are known; the whole subgraph otherwise."""
+def _layer_input(layer, layers, nodes_per_hop, edges_per_hop, x, edge_index):
+    """``(x, edge_index)`` for layer ``layer``; where the sampler reports per-hop counts, trimmed as PyG's
+    ``trim_to_layer`` does and bipartite, ``((x_src, x_dst), edge_index)``: the layer reads the edges of every
+    hop but the ones later layers no longer need and computes only the nodes those edges point to (what the
+    next layer and the seeds need, a DGL block's destination nodes), so it neither computes nor drops out the
+    outermost hop's rows.  The whole subgraph where the counts are unknown."""
     if nodes_per_hop is None or edges_per_hop is None:
         return x, edge_index
-    x, edge_index, _ = trim_to_layer(layer, nodes_per_hop, edges_per_hop, x, edge_index)
-    return x, edge_index
+    hops = layers - layer  # hops this layer reads
+    src = sum(nodes_per_hop[:hops + 1])
+    x = x[:src]
+    return (x, x[:sum(nodes_per_hop[:hops])]), edge_index[:, :sum(edges_per_hop[:hops])]
 
 
 def hop_counts(edge_index, batch_size, num_hops):
@@ -106,6 +110,14 @@ def seed(value):
     """PyG samples with torch's generator, which the shared loop seeds."""
 
 
+def own_sampler():
+    """The sampler PyG's loader runs here: PyG's own ("framework") where pyg-lib or torch-sparse loads, else
+    directload's (PyG alone could not sample)."""
+    import torch_geometric.typing as pyg_typing
+
+    return "framework" if (pyg_typing.WITH_PYG_LIB or pyg_typing.WITH_TORCH_SPARSE) else "directload"
+
+
 def num_neighbors(fanouts):
     """PyG's per-hop list (first hop from the seeds first) for per-layer ``fanouts`` (DGL's order)."""
     return list(reversed(fanouts))
@@ -129,8 +141,14 @@ def make_loader(cfg, dataset, ids, batch_size, shuffle, ddp=False):
             feat = memmap_features(dataset)
         plain = host_of(feat).as_subclass(TimedTable)
         data = Data(x=plain, y=dataset.labels, edge_index=dataset.edge_index, num_nodes=dataset.num_nodes)
+        if cfg.sampler == "directload":
+            from directload.loaders.pyg import NeighborSampler
+
+            kw["neighbor_sampler"] = NeighborSampler(data, kw["num_neighbors"])
         return PygNeighborLoader(data, **kw)
     from directload.loaders.pyg import NeighborLoader, stores_from
+
+    kw["sampler"] = "directload" if cfg.sampler == "directload" else "pyg"
 
     store = feature_store(dataset, cfg)
     if store is not None:  # the features from the disk store (or tiers over it), the rest from the dataset
@@ -145,8 +163,13 @@ def input_nodes(cfg, dataset, ids, batch_size):
     from torch_geometric.data import Data
 
     data = Data(edge_index=dataset.edge_index, num_nodes=dataset.num_nodes)
+    kw = {}
+    if cfg.sampler == "directload" or own_sampler() == "directload":
+        from directload.loaders.pyg import NeighborSampler
+
+        kw["neighbor_sampler"] = NeighborSampler(data, num_neighbors(cfg.fanouts))
     for batch in PygNeighborLoader(data, num_neighbors=num_neighbors(cfg.fanouts), input_nodes=ids,
-                                   batch_size=batch_size, shuffle=True):
+                                   batch_size=batch_size, shuffle=True, **kw):
         yield batch.n_id
 
 

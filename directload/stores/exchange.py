@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from directload.errors import DirectloadError
 from directload.kernels import gather
 from directload.kernels.devices import HOST
 from directload.units import check_int
@@ -33,7 +34,7 @@ _COUNTERS = ("rounds", "rows_asked", "rows_received", "duplicates_saved", "local
              "bytes_sent", "bytes_received", "seconds")
 
 
-class ExchangeError(RuntimeError):
+class ExchangeError(DirectloadError, RuntimeError):
     """An exchange of rows between ranks failed: a peer died, stopped reading (a step timed out), left the
     process group, or holds a different table (dtype, row shape or bounds).  Once raised, the
     :class:`RowExchange` refuses every later read with it.

@@ -1,6 +1,7 @@
-// Host emulation of the few CUDA built-ins gather.cu uses, so g++ can compile and
-// run the very same kernels on the CPU.  Threads run one after another: valid
-// because the kernels use no shared memory, barriers or warp intrinsics.
+// Host emulation of the few CUDA built-ins gather.cu and sample.cu use, so g++ can
+// compile and run the very same kernels on the CPU.  Threads run one after another:
+// valid because the kernels use no shared memory, barriers or warp intrinsics, and
+// their atomics only need each one to be indivisible, which a serial run gives.
 //
 // It also checks every table and output access, which a GPU would fault on and
 // x86 silently allows: dl_load/dl_store count an address that is not a multiple
@@ -9,6 +10,7 @@
 // are read through emu_launch.cpp's dl_emu_counters.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -35,6 +37,27 @@ struct alignas(16) uint4 {
 
 // Position of the lowest set bit, 1-based (0 for 0), as CUDA's __ffs.
 inline int __ffs(int x) { return __builtin_ffs(x); }
+
+// CUDA's atomicMin on a 64-bit word: stores min(*p, v) and returns the old value.
+inline long long atomicMin(long long* p, long long v) {
+    const long long old = *p;
+    if (v < old) *p = v;
+    return old;
+}
+
+// Runs f() once per emulated thread, with blockIdx/threadIdx set as a launch would.
+template <typename F>
+inline void each_thread(unsigned grid, unsigned block, F f) {
+    gridDim.x = grid;
+    blockDim.x = block;
+    for (unsigned b = 0; b < grid; ++b) {
+        blockIdx.x = b;
+        for (unsigned t = 0; t < block; ++t) {
+            threadIdx.x = t;
+            f();
+        }
+    }
+}
 
 // Access counters and fences (bytes [lo, hi) a launch may load or store).
 extern long long dl_emu_misaligned, dl_emu_stray_loads, dl_emu_stray_stores;

@@ -1,5 +1,6 @@
 // Host-emulation launcher: loops over blocks and threads and calls the kernels of
-// gather.cu as ordinary functions.  Built by kernels/host_emu.py with g++.
+// gather.cu as ordinary functions.  Built by kernels/host_emu.py with g++, with
+// emu_sample.cpp (sample.cu's kernels) beside it in one library.
 #include "cuda_shim.h"
 
 #include "gather.cu"
@@ -17,20 +18,6 @@ static void fence(const void* src, long long src_bytes, const void* out, long lo
     dl_emu_load_hi = src ? s + (std::uintptr_t)src_bytes : kOpen;
     dl_emu_store_lo = out ? o : 0;
     dl_emu_store_hi = out ? o + (std::uintptr_t)out_bytes : kOpen;
-}
-
-// Runs f() once per emulated thread, with blockIdx/threadIdx set as a launch would.
-template <typename F>
-static void each_thread(unsigned grid, unsigned block, F f) {
-    gridDim.x = grid;
-    blockDim.x = block;
-    for (unsigned b = 0; b < grid; ++b) {
-        blockIdx.x = b;
-        for (unsigned t = 0; t < block; ++t) {
-            threadIdx.x = t;
-            f();
-        }
-    }
 }
 
 // Arguments of one row-gather launch (naive or aligned), as the kernels take them.

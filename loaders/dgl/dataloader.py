@@ -1,6 +1,7 @@
 """``directload.loaders.DataLoader``: DGL's DataLoader, with node features gathered by directload."""
 
 import os
+import warnings
 from collections.abc import Mapping
 
 import dgl
@@ -8,6 +9,7 @@ import torch
 from dgl.dataloading.dataloader import CollateWrapper
 
 from directload.capabilities import NoDeviceError, usable_device
+from directload.errors import DirectloadError
 from directload.units import check_int
 
 from ..pipeline import (
@@ -19,8 +21,13 @@ from ..pipeline import (
     resolve_sampling,
 )
 from .batches import DGLBatches, FeatureSource
+from .sampler import NeighborSampler
 
-__all__ = ["DataLoader", "check_indices", "UVAUnavailableError", "SeedTypeError"]
+__all__ = ["DataLoader", "check_indices", "resolve_sampler", "SAMPLERS", "UVAUnavailableError", "SeedTypeError"]
+
+#: ``sampler=`` of :class:`DataLoader`: ``"framework"`` (or ``"dgl"``): DGL's batches bit for bit;
+#: ``"directload"``: directload's sampler (DGL's distribution, not its batches).
+SAMPLERS = ("framework", "dgl", "directload")
 
 
 class UVAUnavailableError(NoDeviceError, dgl.DGLError):
@@ -35,7 +42,7 @@ class UVAUnavailableError(NoDeviceError, dgl.DGLError):
     """
 
 
-class SeedTypeError(TypeError, dgl.DGLError):
+class SeedTypeError(DirectloadError, TypeError, dgl.DGLError):
     """Seed ids DGL's samplers cannot take: not integers, or not a dict ``{type: ids}`` on a graph with several
     types.  DGL raises ``dgl.DGLError`` for them (when it samples); this is one, and a ``TypeError``.
 
@@ -97,6 +104,44 @@ def check_indices(graph, indices, sampler):
                                  f"(valid 0..{n - 1})")
 
 
+def resolve_sampler(sampler, graph_sampler, use_uva=False):
+    """The graph sampler a :class:`DataLoader` runs, from its ``sampler=`` and ``graph_sampler``.
+
+    ``"framework"``, ``"dgl"`` or None (what Lightning passes when it rebuilds
+    a loader): ``graph_sampler`` as given.  ``"directload"``: a DGL
+    ``NeighborSampler`` (or ``MultiLayerFullNeighborSampler``) becomes
+    directload's :class:`~directload.loaders.dgl.NeighborSampler` with its
+    settings; with ``use_uva=True``, or another kind of graph sampler, the
+    one given runs, said in a one-line ``UserWarning``.  A directload
+    ``NeighborSampler`` is always kept.
+
+    Examples
+    --------
+    >>> import dgl, warnings
+    >>> from directload.loaders.dgl import resolve_sampler
+    >>> theirs = dgl.dataloading.NeighborSampler([5, 5])
+    >>> type(resolve_sampler("framework", theirs)).__module__, type(resolve_sampler("directload", theirs)).__module__
+    ('dgl.dataloading.neighbor_sampler', 'directload.loaders.dgl.sampler')
+    >>> with warnings.catch_warnings(record=True) as w:
+    ...     warnings.simplefilter("always")
+    ...     resolve_sampler("directload", theirs, use_uva=True) is theirs, str(w[0].message)
+    (True, "directload's sampler does not implement use_uva=True: DGL's own sampler runs instead")
+    """
+    if sampler is not None and sampler not in SAMPLERS:
+        raise ValueError(f"sampler must be 'framework' (or 'dgl') or 'directload', got {sampler!r}")
+    if sampler != "directload" or isinstance(graph_sampler, NeighborSampler):
+        return graph_sampler
+    if not isinstance(graph_sampler, dgl.dataloading.NeighborSampler):
+        warnings.warn(f"directload's sampler replaces DGL's NeighborSampler only, not {type(graph_sampler).__name__}"
+                      ": the graph sampler given runs", UserWarning, stacklevel=3)
+        return graph_sampler
+    if use_uva:
+        warnings.warn("directload's sampler does not implement use_uva=True: DGL's own sampler runs instead",
+                      UserWarning, stacklevel=3)
+        return graph_sampler
+    return NeighborSampler.from_dgl(graph_sampler)
+
+
 class DataLoader(dgl.dataloading.DataLoader):
     """Drop-in replacement for :class:`dgl.dataloading.DataLoader`, for any DGL sampler.
 
@@ -116,6 +161,12 @@ class DataLoader(dgl.dataloading.DataLoader):
     batch, as DGL does, so ``g.ndata["h"] = y`` between layers of layer-wise
     inference is seen.
 
+    With ``sampler="directload"``, a DGL ``NeighborSampler`` given as
+    ``graph_sampler`` is replaced by directload's
+    (:class:`~directload.loaders.dgl.NeighborSampler`, same settings): the
+    same distribution, not DGL's batches (:func:`resolve_sampler`);
+    ``loader.graph_sampler`` is the one that runs.
+
     Parameters
     ----------
     graph, indices, graph_sampler, device, use_ddp, ddp_seed, batch_size, drop_last, shuffle, \
@@ -125,6 +176,9 @@ use_prefetch_thread, use_alternate_streams, pin_prefetcher, use_uva, **kwargs
         ``batch_size`` must be positive, and the seed ids of node- and
         edge-wise samplers must lie in the graph (``IndexError``; DGL itself
         crashes on them).
+    sampler : {"framework", "dgl", "directload"}, optional
+        Whose neighbour sampler runs: DGL's (the default; None is the same)
+        or directload's.
     features : dict, optional
         ``{name: table}`` (``{name: {ntype: table}}`` on a heterogeneous graph)
         overriding the graph's node data for the fields the sampler marks; a
@@ -164,8 +218,8 @@ use_prefetch_thread, use_alternate_streams, pin_prefetcher, use_uva, **kwargs
 
     def __init__(self, graph, indices, graph_sampler, device=None, use_ddp=False, ddp_seed=0, batch_size=1,
                  drop_last=False, shuffle=False, use_prefetch_thread=None, use_alternate_streams=None,
-                 pin_prefetcher=None, use_uva=False, *, features=None, lookahead=4, sample_in_thread=None,
-                 overlap=None, **kwargs):
+                 pin_prefetcher=None, use_uva=False, *, sampler="framework", features=None, lookahead=4,
+                 sample_in_thread=None, overlap=None, **kwargs):
         dgl_args = dict(device=device, use_ddp=use_ddp, ddp_seed=ddp_seed, batch_size=batch_size,
                         drop_last=drop_last, shuffle=shuffle, use_prefetch_thread=use_prefetch_thread,
                         use_alternate_streams=use_alternate_streams, pin_prefetcher=pin_prefetcher, use_uva=use_uva)
@@ -178,6 +232,7 @@ use_prefetch_thread, use_alternate_streams, pin_prefetcher, use_uva, **kwargs
             check_int("batch_size", batch_size)
             check_lookahead(lookahead)
             check_indices(graph, indices, graph_sampler)
+        graph_sampler = resolve_sampler(sampler, graph_sampler, use_uva)
         super().__init__(graph, indices, graph_sampler, **dgl_args, **kwargs)
         self.features = features
         self.lookahead = lookahead

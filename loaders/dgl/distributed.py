@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from directload.capabilities import require
+from directload.errors import DirectloadError
 from directload.kernels.devices import HOST
 from directload.stores import DiskStore, FeatureStore, PartitionedStore, ReadFuture, TensorStore
 from directload.stores.partitioned import owners
@@ -40,7 +41,7 @@ __all__ = ["partition", "read_partitions", "store_path", "node_bounds", "dist_fe
 SERVICE_ID = 17484
 
 
-class ServiceIdError(RuntimeError):
+class ServiceIdError(DirectloadError, RuntimeError):
     """directload's RPC service id is taken by another service in DGL's registry.
 
     Examples
@@ -50,7 +51,7 @@ class ServiceIdError(RuntimeError):
     """
 
 
-class RemoteReadError(RuntimeError):
+class RemoteReadError(DirectloadError, RuntimeError):
     """A remote machine did not answer a read of its rows (dead, or past the timeout).
 
     Examples

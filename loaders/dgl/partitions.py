@@ -47,6 +47,7 @@ import torch
 
 from directload.atomic import fsync_dir, new_partial, partial_pattern, umask
 from directload.capabilities import require
+from directload.errors import DirectloadError
 from directload.stores import generations, write_disk_store
 from directload.stores.partitioned import check_bounds
 from directload.unified import host_of
@@ -66,7 +67,7 @@ _STORE_FILE = re.compile(r"\.?feat\.npy(\.g[0-9]{1,18})?(\.dlstore\.json|\.dlmap
                          r"\.partial)?")
 
 
-class PartitionMismatchError(ValueError):
+class PartitionMismatchError(DirectloadError, ValueError):
     """directload's record and DGL's partition config (or a part's store) come from different partitionings.
 
     Examples

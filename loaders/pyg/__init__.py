@@ -1,6 +1,6 @@
 """PyG integration: a ``FeatureStore`` over directload tables, a ``GraphStore``, and a drop-in ``NeighborLoader``.
 
-Needs PyG and its sampler (``pip install directload[pyg]``).
+Needs PyG (``pip install directload[pyg]``); without pyg-lib or torch-sparse, directload's sampler runs.
 """
 
 from directload.capabilities import require
@@ -10,5 +10,6 @@ require("torch_geometric")
 from .feature_store import FeatureStore  # noqa: E402
 from .graph_store import GraphStore  # noqa: E402
 from .loader import NeighborLoader, stores_from, unified_data  # noqa: E402
+from .sampler import NeighborSampler  # noqa: E402
 
-__all__ = ["FeatureStore", "GraphStore", "NeighborLoader", "stores_from", "unified_data"]
+__all__ = ["FeatureStore", "GraphStore", "NeighborLoader", "NeighborSampler", "stores_from", "unified_data"]

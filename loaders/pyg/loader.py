@@ -1,6 +1,8 @@
 """``NeighborLoader``: PyG's NeighborLoader with node features gathered by directload, sampled ahead."""
 
+import inspect
 import os
+import warnings
 from collections.abc import Mapping
 
 import torch
@@ -22,8 +24,9 @@ from ..pipeline import (
 )
 from .feature_store import FeatureStore
 from .graph_store import GraphStore
+from .sampler import NeighborSampler, unsupported_options
 
-__all__ = ["NeighborLoader", "PygBatches", "stores_from", "unified_data"]
+__all__ = ["NeighborLoader", "PygBatches", "stores_from", "unified_data", "resolve_sampler"]
 
 
 def _unify(value, affinity):
@@ -116,6 +119,13 @@ class NeighborLoader(_PygNeighborLoader):
         :class:`directload.loaders.dgl.DataLoader`.
     sample_in_thread, overlap : bool, optional
         As for :class:`directload.loaders.dgl.DataLoader`.
+    sampler : {"pyg", "directload"} or torch.utils.data.Sampler, optional
+        Whose neighbour sampler runs (:func:`resolve_sampler`; the attribute
+        ``sampling`` says which did).  ``"pyg"`` (the default where PyG can
+        sample): PyG's own batches, bit for bit.  ``"directload"``:
+        :class:`~directload.loaders.pyg.NeighborSampler`, PyG's distribution
+        (uniform without replacement), not its batches, with per-hop counts.
+        A ``Sampler`` object is torch's ``DataLoader`` option, passed on.
     affinity : {"cuda", "host"}
         Affinity of the unified node tables made from a ``Data``: ``"cuda"``
         gathers straight onto the GPU where one exists.
@@ -132,17 +142,27 @@ class NeighborLoader(_PygNeighborLoader):
     """
 
     def __init__(self, data, num_neighbors, *args, lookahead=4, sample_in_thread=None, overlap=None,
-                 affinity="cuda", **kwargs):
+                 affinity="cuda", sampler=None, **kwargs):
         check_lookahead(lookahead)
         check_int("batch_size", kwargs.get("batch_size", 1))
-        _check_sampler()
+        kwargs.update(_by_name(args))
+        if sampler is not None and not isinstance(sampler, str):
+            kwargs["sampler"] = sampler  # torch's DataLoader option (a Sampler of seed positions), as PyG passes it
+            sampler = None
+        sampler = resolve_sampler(sampler, kwargs)
+        if sampler == "directload" and kwargs.get("neighbor_sampler") is None:
+            kwargs["neighbor_sampler"] = NeighborSampler(
+                data, num_neighbors, replace=kwargs.get("replace", False), weight_attr=kwargs.get("weight_attr"))
+        if kwargs.get("neighbor_sampler") is None:
+            _check_sampler()
+        self.sampling = "directload" if isinstance(kwargs.get("neighbor_sampler"), NeighborSampler) else "pyg"
         if isinstance(data, (Data, HeteroData)):
             data = unified_data(data, affinity=affinity)
         if kwargs.get("filter_per_worker") is None and not kwargs.get("num_workers"):
             # Without workers, gather features in our pipeline (after sampling ahead) rather than
             # inside the sampling step; with workers, PyG's default gathers them in the workers.
             kwargs["filter_per_worker"] = False
-        super().__init__(data, num_neighbors, *args, **kwargs)
+        super().__init__(data, num_neighbors, **kwargs)
         _check_seeds(self.input_data, self.node_sampler)
         self.lookahead = lookahead
         self.auto_lookahead = AutoLookahead() if lookahead == "auto" else None
@@ -164,15 +184,78 @@ class NeighborLoader(_PygNeighborLoader):
         return Epoch(pipeline)
 
 
-def _check_sampler():
-    """``ImportError`` naming the extra when PyG has no neighbour sampler (PyG alone would fail mid-epoch)."""
+_PYG_PARAMS = [p for p in inspect.signature(_PygNeighborLoader.__init__).parameters if p != "kwargs"][3:]
+
+
+def _by_name(args):
+    """PyG's positional options after ``num_neighbors`` (``input_nodes``, ``input_time``, ...) by name."""
+    if len(args) > len(_PYG_PARAMS):
+        raise TypeError(f"NeighborLoader takes at most {len(_PYG_PARAMS) + 2} positional arguments")
+    return dict(zip(_PYG_PARAMS, args))
+
+
+def _pyg_can_sample():
     import torch_geometric.typing as pyg_typing
 
-    if not (pyg_typing.WITH_PYG_LIB or pyg_typing.WITH_TORCH_SPARSE):
+    return bool(pyg_typing.WITH_PYG_LIB or pyg_typing.WITH_TORCH_SPARSE)
+
+
+def resolve_sampler(sampler, options):
+    """Whose sampler a ``NeighborLoader`` runs: ``"directload"`` or ``"pyg"``, from ``sampler=`` and its options.
+
+    ``None``: PyG's where PyG can sample (pyg-lib or torch-sparse), else
+    directload's, said once.  ``"directload"`` with an option it does not
+    implement (:func:`~directload.loaders.pyg.sampler.unsupported_options`)
+    falls back to PyG's with a one-line warning.  A ``neighbor_sampler=``
+    of the caller's is kept as it is.
+
+    Examples
+    --------
+    >>> import warnings
+    >>> resolve_sampler("pyg", {}), resolve_sampler("directload", {})
+    ('pyg', 'directload')
+    >>> with warnings.catch_warnings(record=True) as w:
+    ...     warnings.simplefilter("always")
+    ...     resolve_sampler("directload", {"disjoint": True}), str(w[0].message)
+    ('pyg', "directload's sampler does not implement disjoint: PyG's own sampler runs instead")
+    """
+    if sampler not in (None, "pyg", "framework", "directload"):
+        raise ValueError(f"sampler must be 'pyg' (or 'framework') or 'directload', got {sampler!r}")
+    if options.get("neighbor_sampler") is not None:
+        return "pyg"
+    if sampler is None:
+        if _pyg_can_sample():
+            return "pyg"
+        sampler = "directload"
+        _note_once("neither pyg-lib nor torch-sparse loads: directload's sampler runs (PyG's distribution, not "
+                   "its batches; sampler='directload')")
+    if sampler == "directload":
+        missing = unsupported_options(**options)
+        if missing:
+            warnings.warn(f"directload's sampler does not implement {', '.join(missing)}: PyG's own sampler runs "
+                          "instead", UserWarning, stacklevel=3)
+            return "pyg"
+        return "directload"
+    return "pyg"
+
+
+_NOTED = set()
+
+
+def _note_once(message):
+    if message not in _NOTED:
+        _NOTED.add(message)
+        warnings.warn(message, UserWarning, stacklevel=4)
+
+
+def _check_sampler():
+    """``ImportError`` naming the extra when PyG's own sampler is asked for and PyG has none (PyG alone would
+    fail mid-epoch)."""
+    if not _pyg_can_sample():
         raise ImportError(
-            f"PyG's NeighborLoader needs pyg-lib or torch-sparse, and neither loads here (torch "
-            f"{torch.__version__}): pip install 'directload[pyg]', then build torch-sparse against this torch "
-            "with --no-build-isolation (see the README's install matrix; scripts/dev.sh does it)")
+            f"PyG's own sampler needs pyg-lib or torch-sparse, and neither loads here (torch {torch.__version__}): "
+            "use sampler='directload', or pip install 'directload[pyg-sampler]' with --no-build-isolation to build "
+            "torch-sparse against this torch (see the README's install matrix)")
 
 
 class PygBatches(BatchAdapter):

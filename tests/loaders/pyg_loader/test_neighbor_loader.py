@@ -124,12 +124,14 @@ def test_bad_sizes_are_refused(data, kw, match):
 
 
 def test_no_sampler_names_the_extra_before_any_work(data, monkeypatch):
+    # Without pyg-lib and torch-sparse the default is directload's sampler (tests/loaders/pyg_loader/
+    # test_pyg_sampler.py); asking for PyG's own names the extra that installs it.
     import torch_geometric.typing as pyg_typing
 
     monkeypatch.setattr(pyg_typing, "WITH_PYG_LIB", False)
     monkeypatch.setattr(pyg_typing, "WITH_TORCH_SPARSE", False)
-    with pytest.raises(ImportError, match=r"pyg-lib or torch-sparse.*directload\[pyg\]"):
-        NeighborLoader(data, num_neighbors=[2], batch_size=4)
+    with pytest.raises(ImportError, match=r"pyg-lib or torch-sparse.*directload\[pyg-sampler\]"):
+        NeighborLoader(data, num_neighbors=[2], batch_size=4, sampler="pyg")
     assert type(data.x) is torch.Tensor  # nothing was registered
 
 

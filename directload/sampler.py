@@ -1,0 +1,428 @@
+"""directload's neighbour sampler: uniform (or weighted) picks without (or with) replacement, the same batch on any
+thread count and either device, over a :class:`~directload.graph.CSCGraph` where it lives."""
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from directload.capabilities import capabilities
+from directload.kernels import sampling as cpu
+
+from .graph import CSCGraph
+from .unified import host_of, is_unified
+
+__all__ = ["NeighborSampler", "HeteroNeighborSampler", "SampledBatch", "HeteroSampledBatch", "check_fanouts",
+           "LAYOUTS"]
+
+#: ``"pyg"``: each hop samples the nodes new at the hop before; ``"dgl"``: every node reached so far.
+LAYOUTS = ("pyg", "dgl")
+_KEY_BOUND = 2**63 - 1
+
+
+@dataclass
+class SampledBatch:
+    """One sampled batch of a homogeneous graph.
+
+    Attributes
+    ----------
+    nodes : torch.Tensor
+        int64 global ids: the seeds first, then each hop's new nodes in the order first seen.
+    hops : list of (row, col, eid)
+        Hop ``h``'s edges (hop 0 samples the seeds): ``row`` the batch-local id
+        of the picked neighbour (the message's source), ``col`` the local id of
+        the node it was picked for, ``eid`` the edge's id; int64, on the
+        sampler's device.
+    num_sampled_nodes : list of int
+        Nodes new at each hop, the seeds first (``len(hops) + 1`` entries).
+    num_sampled_edges : list of int
+        Edges of each hop.
+    key : int
+        The batch's random key: sampling the same seeds with it gives this batch again.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from directload.graph import CSCGraph
+    >>> from directload.sampler import NeighborSampler
+    >>> g = CSCGraph.from_edge_index(torch.tensor([[1, 2], [0, 1]]), num_nodes=3)
+    >>> b = NeighborSampler(g, [1, 1]).sample(torch.tensor([0]), key=0)
+    >>> b.nodes.tolist(), b.num_sampled_nodes, b.num_sampled_edges  # 1 -> 0, then 2 -> 1
+    ([0, 1, 2], [1, 1, 1], [1, 1])
+    >>> [(row.tolist(), col.tolist()) for row, col, _ in b.hops]
+    [([1], [0]), ([2], [1])]
+    """
+
+    nodes: torch.Tensor
+    hops: list
+    num_sampled_nodes: list
+    num_sampled_edges: list
+    key: int
+
+
+@dataclass
+class HeteroSampledBatch:
+    """One sampled batch of a heterogeneous graph: :class:`SampledBatch`'s fields per node or edge type.
+
+    ``hops[h][edge_type] = (row, col, eid)``, ``row`` local to the edge type's
+    source type and ``col`` to its destination type.
+
+    Examples
+    --------
+    See :class:`HeteroNeighborSampler`.
+
+    >>> from directload.sampler import HeteroSampledBatch
+    >>> sorted(HeteroSampledBatch.__dataclass_fields__)
+    ['hops', 'key', 'nodes', 'num_sampled_edges', 'num_sampled_nodes']
+    """
+
+    nodes: dict
+    hops: list
+    num_sampled_nodes: dict
+    num_sampled_edges: dict
+    key: int
+
+
+def check_fanouts(fanouts, name="fanouts"):
+    """``fanouts`` as a list of ints (-1: all neighbours), or a ``ValueError``/``TypeError`` naming ``name``.
+
+    Examples
+    --------
+    >>> from directload.sampler import check_fanouts
+    >>> check_fanouts((10, -1))
+    [10, -1]
+    >>> check_fanouts([5, -2])
+    Traceback (most recent call last):
+    ...
+    ValueError: fanouts[1] is -2; a fanout is a count of neighbours, or -1 for all of them
+    """
+    if isinstance(fanouts, (str, bytes)) or not hasattr(fanouts, "__iter__"):
+        raise TypeError(f"{name} must be a list of ints, got {type(fanouts).__name__}")
+    out = []
+    for i, k in enumerate(fanouts):
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+            raise TypeError(f"{name}[{i}] must be an int, got {type(k).__name__}")
+        if k < -1:
+            raise ValueError(f"{name}[{i}] is {k}; a fanout is a count of neighbours, or -1 for all of them")
+        out.append(int(k))
+    if not out:
+        raise ValueError(f"{name} is empty; give one fanout per layer")
+    return out
+
+
+def _check_layout(layout):
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+
+
+def _seeds_array(seeds, num_nodes, what="seed"):
+    if isinstance(seeds, np.ndarray):
+        seeds = torch.from_numpy(seeds)
+    if not isinstance(seeds, torch.Tensor):
+        raise TypeError(f"{what}s must be a tensor of node ids, got {type(seeds).__name__}")
+    if seeds.dtype not in (torch.int32, torch.int64) or seeds.dim() != 1:
+        raise TypeError(f"{what}s must be a 1-d int32 or int64 tensor, got {seeds.dtype} of shape "
+                        f"{tuple(seeds.shape)}")
+    s = host_of(seeds).cpu().to(torch.int64).numpy()
+    if s.size:
+        lo, hi = int(s.min()), int(s.max())
+        if lo < 0 or hi >= num_nodes:
+            bad = lo if lo < 0 else hi
+            raise IndexError(f"{what} {bad} is outside the graph's {num_nodes} nodes")
+    return s
+
+
+class _Keys:
+    """Each batch's key: from ``torch``'s default generator (so ``torch.manual_seed`` fixes the batches; torch
+    seeds each DataLoader worker's apart) or a ``torch.Generator`` of the sampler's own, whose copy in a worker
+    process draws keys mixed with the worker's id (so two workers' batches never share streams)."""
+
+    def __init__(self, generator):
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        self.generator = generator
+
+    def __getstate__(self):  # a torch.Generator does not pickle: its device and state do
+        g = self.generator
+        return {"generator": None if g is None else (str(g.device), g.get_state())}
+
+    def __setstate__(self, state):
+        self.generator = None
+        if state["generator"] is not None:
+            device, saved = state["generator"]
+            self.generator = torch.Generator(device=device)
+            self.generator.set_state(saved)
+
+    def next(self, key):
+        if key is None:
+            key = int(torch.randint(_KEY_BOUND, (1,), generator=self.generator))
+            worker = torch.utils.data.get_worker_info()
+            if self.generator is not None and worker is not None:
+                key = int(cpu.mix(np.uint64(key) ^ np.uint64(cpu.mix(np.uint64(worker.id + 1))))) & _KEY_BOUND
+            return key
+        if isinstance(key, bool) or not isinstance(key, (int, np.integer)) or not 0 <= key <= _KEY_BOUND:
+            raise ValueError(f"key must be an int in [0, 2**63 - 1], got {key!r}")
+        return int(key)
+
+
+class _Marks(threading.local):
+    """One all-zero mark array per thread and node type (reset after every batch, never reallocated)."""
+
+    def __reduce__(self):  # a copy in another process starts with marks of its own
+        return _Marks, ()
+
+    def get(self, n, name=None):
+        cache = self.__dict__.setdefault("arrays", {})
+        if (name, n) not in cache:
+            cache[name, n] = np.zeros(n, np.int64)
+        return cache[name, n]
+
+
+def _on_gpu(graph, device):
+    return device is not None and torch.device(device).type == "cuda" and (
+        graph.device.type == "cuda" or is_unified(graph.indptr))
+
+
+class NeighborSampler:
+    """Sample a batch's multi-hop neighbourhood from a :class:`~directload.graph.CSCGraph`.
+
+    At each hop, every node to sample gets ``min(fanout, degree)`` distinct
+    in-edges picked uniformly at random (``replace=False``; ``fanout`` draws
+    with replacement with ``replace=True``; all with ``fanout=-1``), or
+    proportionally to the graph's edge weights with ``weighted=True``.
+    Neighbours are relabelled to batch-local ids in the order first seen.
+
+    Same key, same batch: each node's picks are a pure function of the
+    batch's key, the hop and the node, so a batch does not change with the
+    thread count or between CPU and GPU.  The key comes from torch's default
+    generator unless ``generator`` is given, so ``torch.manual_seed`` fixes
+    the batches.  These are not the framework's own batches: they follow the
+    same distribution (uniform without replacement, as DGL and pyg-lib; not
+    torch-sparse's, which under-samples each list's last neighbour).
+
+    Parameters
+    ----------
+    graph : CSCGraph
+        Host, memory-mapped, unified or CUDA.
+    fanouts : list of int
+        Neighbours per node at each hop, the seeds' hop first; -1: all.
+    replace : bool
+        Pick with replacement.
+    weighted : bool
+        Pick proportionally to ``graph.weights`` (edges of weight 0 never).
+    layout : {"pyg", "dgl"}
+        Which nodes each hop samples (see :data:`LAYOUTS`).
+    device : str or torch.device, optional
+        Where batches are made and returned: ``"cuda"`` runs the GPU kernels
+        over a unified or CUDA graph; otherwise the CPU twin runs on Numba's
+        threads and returns CPU tensors.
+    generator : torch.Generator, optional
+
+    Examples
+    --------
+    >>> import torch
+    >>> from directload.graph import CSCGraph
+    >>> from directload.sampler import NeighborSampler
+    >>> g = CSCGraph.from_edge_index(torch.tensor([[1, 2, 3, 0], [0, 0, 0, 1]]), num_nodes=4)
+    >>> s = NeighborSampler(g, [2])
+    >>> b = s.sample(torch.tensor([0]), key=7)
+    >>> b.num_sampled_nodes, b.num_sampled_edges
+    ([1, 2], [2])
+    >>> b.hops[0][1].tolist()  # both edges go into the seed, local id 0
+    [0, 0]
+    >>> torch.equal(s.sample(torch.tensor([0]), key=7).nodes, b.nodes)
+    True
+    """
+
+    def __init__(self, graph, fanouts, *, replace=False, weighted=False, layout="pyg", device=None, generator=None):
+        if not isinstance(graph, CSCGraph):
+            raise TypeError(f"graph must be a directload.graph.CSCGraph, got {type(graph).__name__}")
+        if graph.num_src_nodes != graph.num_nodes:
+            raise ValueError("a homogeneous sampler needs as many source as destination nodes; "
+                             "use HeteroNeighborSampler for a bipartite relation")
+        self.fanouts = check_fanouts(fanouts)
+        _check_layout(layout)
+        if weighted and graph.weights is None:
+            raise ValueError("weighted=True needs a graph with weights")
+        self.graph, self.replace, self.weighted, self.layout = graph, bool(replace), bool(weighted), layout
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        if self.device.type == "cuda" and not capabilities().cuda:
+            raise RuntimeError("device='cuda' needs a CUDA device; this machine has none")
+        self._keys = _Keys(generator)
+        self._marks = _Marks()
+        self._gpu = _on_gpu(graph, self.device)
+
+    def __repr__(self):
+        return (f"NeighborSampler(fanouts={self.fanouts}, replace={self.replace}, weighted={self.weighted}, "
+                f"layout={self.layout!r}, device={str(self.device)!r}, backend={self.backend!r})")
+
+    @property
+    def backend(self):
+        """``"cuda"`` (the GPU kernels) or ``"cpu"`` (the Numba twin)."""
+        return "cuda" if self._gpu else "cpu"
+
+    def sample(self, seeds, *, key=None):
+        """Sample one batch around ``seeds`` (node ids; a repeated one keeps its place).
+
+        Returns a :class:`SampledBatch` on the sampler's device.  ``key``
+        (an int in ``[0, 2**63)``) replays a batch; by default one is drawn.
+
+        Raises
+        ------
+        IndexError
+            A seed outside the graph.
+        ValueError
+            A bad key.
+        """
+        s = _seeds_array(seeds, self.graph.num_nodes)
+        key = self._keys.next(key)
+        if self._gpu:
+            from directload.kernels import sampling_gpu
+            seeds_dev = torch.from_numpy(s).to(self.device)
+            nodes, hops, nn, ne = sampling_gpu.sample_batch(
+                self.graph.indptr, self.graph.indices, self.graph.eids,
+                self.graph.weights if self.weighted else None, seeds_dev, self.fanouts, self.replace, key,
+                self.layout, self.device)
+            return SampledBatch(nodes, hops, nn, ne, key)
+        indptr, indices, eids, weights = self.graph.numpy()
+        nodes, hops, nn, ne = cpu.sample_batch(indptr, indices, eids, weights if self.weighted else None, s,
+                                               self.fanouts, self.replace, key, self.layout,
+                                               self._marks.get(self.graph.num_nodes))
+        dev = self.device
+        out_hops = [tuple(torch.from_numpy(a).to(dev) for a in hop) for hop in hops]
+        return SampledBatch(torch.from_numpy(nodes).to(dev), out_hops, nn, ne, key)
+
+
+def _etype_key(key, index):
+    return int(cpu.mix(np.uint64(key) ^ np.uint64(cpu.mix(np.uint64(index + 1))))) & _KEY_BOUND
+
+
+class HeteroNeighborSampler:
+    """:class:`NeighborSampler` over a heterogeneous graph: one CSC and one fanout list per edge type.
+
+    At each hop, for every edge type ``(src, rel, dst)`` in the order given,
+    the ``dst`` nodes to sample (new at the hop before with ``layout="pyg"``,
+    all so far with ``"dgl"``) get their picks from that relation, and new
+    ``src`` nodes join the batch for the next hop.  Runs the CPU twin; with
+    ``device="cuda"`` the batch is copied there.
+
+    Parameters
+    ----------
+    graphs : dict
+        ``{(src, rel, dst): CSCGraph}`` with ``num_nodes`` the ``dst`` type's
+        count and ``num_src_nodes`` the ``src`` type's.
+    num_nodes : dict
+        ``{node_type: count}``.
+    fanouts : dict
+        ``{edge_type: [fanout per hop]}``, all of one length.
+    replace, weighted, layout, device, generator
+        As for :class:`NeighborSampler`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from directload.graph import CSCGraph
+    >>> from directload.sampler import HeteroNeighborSampler
+    >>> writes = CSCGraph.from_edge_index(torch.tensor([[0, 1], [0, 0]]), 1, num_src_nodes=2)
+    >>> s = HeteroNeighborSampler({("author", "writes", "paper"): writes}, {"author": 2, "paper": 1},
+    ...                           {("author", "writes", "paper"): [-1]})
+    >>> b = s.sample({"paper": torch.tensor([0])}, key=1)
+    >>> b.nodes["author"].tolist(), b.num_sampled_nodes
+    ([0, 1], {'author': [0, 2], 'paper': [1, 0]})
+    """
+
+    def __init__(self, graphs, num_nodes, fanouts, *, replace=False, weighted=False, layout="pyg", device=None,
+                 generator=None):
+        _check_layout(layout)
+        if not isinstance(graphs, dict) or not graphs:
+            raise TypeError("graphs must be a non-empty dict {(src, rel, dst): CSCGraph}")
+        if not isinstance(fanouts, dict):
+            raise TypeError("fanouts must be a dict {edge_type: [fanout per hop]}")
+        self.num_nodes = dict(num_nodes)
+        self.fanouts, hops = {}, set()
+        for et, g in graphs.items():
+            if not (isinstance(et, tuple) and len(et) == 3):
+                raise TypeError(f"edge type {et!r} is not a (src, rel, dst) tuple")
+            if not isinstance(g, CSCGraph):
+                raise TypeError(f"graphs[{et!r}] must be a CSCGraph, got {type(g).__name__}")
+            src, _, dst = et
+            for t in (src, dst):
+                if t not in self.num_nodes:
+                    raise ValueError(f"edge type {et!r} names node type {t!r}, which num_nodes lacks")
+            if g.num_nodes != self.num_nodes[dst] or g.num_src_nodes != self.num_nodes[src]:
+                raise ValueError(f"graphs[{et!r}] has {g.num_src_nodes} x {g.num_nodes} nodes, num_nodes says "
+                                 f"{self.num_nodes[src]} x {self.num_nodes[dst]}")
+            if weighted and g.weights is None:
+                raise ValueError(f"weighted=True needs weights on every relation; {et!r} has none")
+            if et not in fanouts:
+                raise ValueError(f"fanouts has no entry for edge type {et!r}")
+            self.fanouts[et] = check_fanouts(fanouts[et], f"fanouts[{et!r}]")
+            hops.add(len(self.fanouts[et]))
+        unknown = set(fanouts) - set(graphs)
+        if unknown:
+            raise ValueError(f"fanouts names edge types the graph lacks: {sorted(map(str, unknown))}")
+        if len(hops) != 1:
+            raise ValueError(f"every edge type needs the same number of fanouts, got lengths {sorted(hops)}")
+        self.num_hops = hops.pop()
+        self.graphs, self.replace, self.weighted, self.layout = dict(graphs), bool(replace), bool(weighted), layout
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self._keys = _Keys(generator)
+        self._marks = _Marks()
+        self._arrays = None
+
+    def _numpy(self):
+        if self._arrays is None:
+            self._arrays = {et: tuple(None if a is None else np.ascontiguousarray(a)
+                                      for a in (g.numpy() if g.device.type == "cpu" else g.to("cpu").numpy()))
+                            for et, g in self.graphs.items()}
+        return self._arrays
+
+    def sample(self, seeds, *, key=None):
+        """Sample one batch around ``seeds``, ``{node_type: ids}``; returns a :class:`HeteroSampledBatch`."""
+        if not isinstance(seeds, dict) or not seeds:
+            raise TypeError("seeds must be a non-empty dict {node_type: ids}")
+        for t in seeds:
+            if t not in self.num_nodes:
+                raise ValueError(f"seed type {t!r} is not a node type of the graph")
+        arrays = self._numpy()
+        key = self._keys.next(key)
+        buf = {t: np.empty(0, np.int64) for t in self.num_nodes}
+        count = {t: 0 for t in self.num_nodes}
+        marks = {t: self._marks.get(n, t) for t, n in self.num_nodes.items()}
+        try:
+            for t, ids in seeds.items():
+                s = _seeds_array(ids, self.num_nodes[t])
+                buf[t] = np.empty(s.size, np.int64)
+                count[t] = cpu.place_seeds(buf[t], marks[t], s)
+            nn = {t: [count[t]] for t in self.num_nodes}
+            ne = {et: [] for et in self.graphs}
+            hops, start = [], {t: 0 for t in self.num_nodes}
+            for hop in range(self.num_hops):
+                end = dict(count)
+                out = {}
+                for index, et in enumerate(self.graphs):
+                    src, _, dst = et
+                    lo = start[dst] if self.layout == "pyg" else 0
+                    frontier = buf[dst][lo:end[dst]]
+                    indptr, indices, eids, weights = arrays[et]
+                    nbr, eid, offsets = cpu.sample_hop(indptr, indices, eids, weights if self.weighted else None,
+                                                       frontier, self.fanouts[et][hop], self.replace,
+                                                       _etype_key(key, index), hop)
+                    if buf[src].size < count[src] + nbr.size:
+                        buf[src] = np.concatenate([buf[src][:count[src]],
+                                                   np.empty(max(nbr.size, count[src]), np.int64)])
+                    row = np.empty(nbr.size, np.int64)
+                    count[src] = cpu.relabel(buf[src], count[src], marks[src], nbr, row)
+                    col = np.repeat(np.arange(lo, end[dst], dtype=np.int64), np.diff(offsets))
+                    out[et] = tuple(torch.from_numpy(a).to(self.device) for a in (row, col, eid))
+                    ne[et].append(int(nbr.size))
+                for t in self.num_nodes:
+                    nn[t].append(count[t] - end[t])
+                hops.append(out)
+                start = end
+            nodes = {t: torch.from_numpy(buf[t][:count[t]].copy()).to(self.device) for t in self.num_nodes}
+            return HeteroSampledBatch(nodes, hops, nn, ne, key)
+        finally:
+            for t in self.num_nodes:
+                cpu.reset_marks(marks[t], buf[t], count[t])

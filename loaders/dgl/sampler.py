@@ -1,0 +1,360 @@
+"""``NeighborSampler``: directload's neighbour sampler as a DGL ``BlockSampler``, for DGL's DataLoader and ours."""
+
+import threading
+import warnings
+import weakref
+from collections.abc import Mapping
+
+import dgl
+import torch
+from dgl.dataloading import BlockSampler
+
+from directload.graph import CSCGraph
+from directload.sampler import HeteroNeighborSampler, check_fanouts
+from directload.sampler import NeighborSampler as _Sampler
+
+__all__ = ["NeighborSampler"]
+
+_EDGE_DIRS = ("in", "out")
+_KEY_BOUND = 2**63 - 1
+
+
+def _check_layers(fanouts):
+    """DGL's fanouts: a non-empty list whose layers are ints or dicts ``{etype: int}``; ints checked here, dict
+    values once the graph names the edge types (:meth:`NeighborSampler._plan`)."""
+    if isinstance(fanouts, (str, bytes, Mapping)) or not hasattr(fanouts, "__iter__"):
+        raise TypeError(f"fanouts must be a list of ints or of dicts {{etype: int}}, got {type(fanouts).__name__}")
+    layers = list(fanouts)
+    if not any(isinstance(layer, Mapping) for layer in layers):
+        return check_fanouts(layers)
+    for i, layer in enumerate(layers):
+        if isinstance(layer, Mapping) and not layer:
+            raise ValueError(f"fanouts[{i}] is an empty dict; give a fanout for every edge type")
+    return layers
+
+
+def _per_etype(layers, g):
+    """``{canonical etype: [fanout per layer]}``; every dict layer names each edge type of ``g`` once."""
+    etypes = g.canonical_etypes
+    out = {et: [] for et in etypes}
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, Mapping):
+            for et in etypes:
+                out[et].append(layer)
+            continue
+        given = {}
+        for k, v in layer.items():
+            try:
+                et = g.to_canonical_etype(k)
+            except dgl.DGLError as exc:
+                raise ValueError(f"fanouts[{i}] names {k!r}, which is not an edge type of the graph") from exc
+            if et in given:
+                raise ValueError(f"fanouts[{i}] names edge type {et!r} twice")
+            given[et] = v
+        missing = [et for et in etypes if et not in given]
+        if missing:
+            raise ValueError(f"fanouts[{i}] has no fanout for edge types {missing}; a dict layer names every one")
+        for et in etypes:
+            out[et].append(given[et])
+    return {et: check_fanouts(f, f"fanouts[{et!r}]") for et, f in out.items()}
+
+
+def _weights(g, et, prob, eids):
+    """The CSC-ordered weights of ``et`` from edge feature ``prob`` (a bool mask: 0 or 1); all 1 where the edge
+    type lacks it (DGL samples those uniformly); ``(weights, the feature or None)``."""
+    data = g.edges[et].data
+    if prob not in data:
+        return torch.ones(eids.numel(), dtype=torch.float32), None
+    t = data[prob]
+    if t.numel() != g.num_edges(et):
+        raise ValueError(f"edge feature {prob!r} of {et!r} has shape {tuple(t.shape)}; prob and mask name one "
+                         "scalar per edge")
+    w = t.reshape(-1)
+    w = w if w.dtype in (torch.float32, torch.float64) else w.to(torch.float32)
+    return w.cpu()[eids.to(torch.int64)], t
+
+
+class _Plan:
+    """directload's sampler over one DGL graph: its CSCs, and weights, read once."""
+
+    def __init__(self, g, layers, prob, replace, generator):
+        self.ntypes, self.etypes = list(g.ntypes), list(g.canonical_etypes)
+        fanouts = {et: f[::-1] for et, f in _per_etype(layers, g).items()}  # DGL's fanouts[0] is the input layer
+        if prob is not None and not any(prob in g.edges[et].data for et in self.etypes):
+            raise KeyError(f"prob {prob!r} is not an edge feature of the graph")
+        graphs, self.sources = {}, []
+        for et in self.etypes:
+            try:
+                indptr, indices, eids = g.adj_tensors("csc", et)
+            except dgl.DGLError as exc:
+                raise ValueError(f"the graph's formats {g.formats()['created']} exclude CSC; sample a graph "
+                                 "made with g.formats(['coo', 'csc']) or the default formats") from exc
+            weights = None
+            if prob is not None:
+                weights, source = _weights(g, et, prob, eids)
+                self.sources.append(source)  # held, so the signature's ids stay theirs
+            graphs[et] = CSCGraph(indptr, indices, eids=eids, weights=weights, num_src_nodes=g.num_nodes(et[0]))
+        self.homogeneous = len(self.ntypes) == 1 and len(self.etypes) == 1
+        kw = dict(replace=replace, weighted=prob is not None, layout="dgl", generator=generator)
+        if self.homogeneous:
+            self.sampler = _Sampler(graphs[self.etypes[0]], fanouts[self.etypes[0]], **kw)
+        else:
+            self.sampler = HeteroNeighborSampler(graphs, {nt: g.num_nodes(nt) for nt in self.ntypes}, fanouts, **kw)
+        self.signature = _signature(g, prob)
+
+    def sample(self, seeds):
+        """``(nodes, hops, num_sampled_nodes)`` by node and edge type, from ``{ntype: ids}``."""
+        if not self.homogeneous:
+            b = self.sampler.sample(seeds)
+            return b.nodes, b.hops, b.num_sampled_nodes
+        (nt,), (et,) = self.ntypes, self.etypes
+        b = self.sampler.sample(seeds.get(nt, torch.empty(0, dtype=torch.int64)))
+        return {nt: b.nodes}, [{et: hop} for hop in b.hops], {nt: b.num_sampled_nodes}
+
+
+def _signature(g, prob):
+    """What a plan depends on: node and edge counts, and which weight tensor (and version) it read."""
+    features = ()
+    if prob is not None:
+        features = tuple((id(t), t._version) if t is not None else None
+                         for t in (g.edges[et].data.get(prob) for et in g.canonical_etypes))
+    return (tuple(g.num_nodes(nt) for nt in g.ntypes), tuple(g.num_edges(et) for et in g.canonical_etypes),
+            features)
+
+
+def _csc(row, col, n_dst, idtype):
+    """A hop's edges as the block's CSC: they come grouped by destination, in order (``col`` sorted), so the
+    pointer is a count per destination; DGL then neither infers node counts nor converts COO for its in-edge
+    message passing.  Block edge ``i`` is the hop's edge ``i`` (its ``dgl.EID`` set by the caller)."""
+    indptr = torch.zeros(n_dst + 1, dtype=idtype)
+    if col.numel():
+        torch.cumsum(torch.bincount(col, minlength=n_dst), 0, out=indptr[1:])
+    return "csc", (indptr, row.to(idtype), torch.empty(0, dtype=idtype))
+
+
+def _blocks(g, nodes, hops, num_nodes, device):
+    """DGL blocks, the input layer's first, of a batch sampled with ``layout="dgl"``: hop ``h``'s destination
+    nodes are every node reached before it, its source nodes those plus the hop's new ones (dst-first)."""
+    idtype, blocks = g.idtype, []
+    for h, hop in enumerate(hops):
+        n_dst = {nt: sum(num_nodes[nt][:h + 1]) for nt in g.ntypes}
+        n_src = {nt: sum(num_nodes[nt][:h + 2]) for nt in g.ntypes}
+        block = dgl.create_block({et: _csc(row, col, n_dst[et[2]], idtype) for et, (row, col, _) in hop.items()},
+                                 num_src_nodes=n_src, num_dst_nodes=n_dst, idtype=idtype)
+        for nt in g.ntypes:
+            block.srcnodes[nt].data[dgl.NID] = nodes[nt][:n_src[nt]].to(idtype)
+            block.dstnodes[nt].data[dgl.NID] = nodes[nt][:n_dst[nt]].to(idtype)
+        for et, (_, _, eid) in hop.items():
+            block.edges[et].data[dgl.EID] = eid.to(idtype)
+        blocks.insert(0, block if device.type == "cpu" else block.to(device))
+    return blocks
+
+
+def _device_of(seed_nodes):
+    t = next(iter(seed_nodes.values()), None) if isinstance(seed_nodes, Mapping) else seed_nodes
+    return t.device if isinstance(t, torch.Tensor) else torch.device("cpu")
+
+
+class NeighborSampler(BlockSampler):
+    """DGL's :class:`~dgl.dataloading.NeighborSampler`, sampled by directload: the same distribution and blocks
+    of the same form, not the same batches.
+
+    Every destination node gets ``min(fanout, in-degree)`` distinct in-edges
+    picked uniformly at random (``fanout`` draws with ``replace=True``, all
+    with -1), or in proportion to the edge feature ``prob`` (a ``mask``
+    feature: uniformly among its true edges); see
+    :class:`directload.sampler.NeighborSampler`.  ``sample_blocks`` returns
+    ``(input_nodes, output_nodes, blocks)`` as DGL's does: blocks from
+    :func:`dgl.create_block`, destination nodes first among the source nodes,
+    ``srcdata[dgl.NID]``, ``dstdata[dgl.NID]`` and ``edata[dgl.EID]`` in the
+    graph's id type, a dict per node or edge type on a heterogeneous graph
+    (an edge type of fanout 0 gives an empty relation).  Blocks are made on
+    the CPU and returned on ``output_device``, else the seeds' device.
+
+    The graph's CSC (``g.adj_tensors("csc")``), and the weights, are read once
+    per graph and kept while the graph lives; they are read again when its
+    node or edge counts change, or ``prob``'s tensor is replaced or written
+    in place.  Each batch's random key comes from torch's default generator
+    (``torch.manual_seed`` fixes the batches) unless ``generator`` is given,
+    and the picks do not depend on Numba's thread count.
+
+    What directload does not implement (``edge_dir="out"``, ``exclude_eids``
+    from an edge-wise loader's ``exclude=``, a graph in GPU memory, a graph
+    that is not a ``DGLGraph``) is sampled by DGL's own ``NeighborSampler``
+    with the same arguments, said once per sampler and reason in a one-line
+    ``UserWarning``.
+
+    Parameters
+    ----------
+    fanouts, edge_dir, prob, mask, replace, prefetch_node_feats, prefetch_labels, prefetch_edge_feats, \
+output_device, fused
+        As for DGL's ``NeighborSampler``: ``fanouts[0]`` is the input layer's;
+        a layer is an int or a dict ``{etype: int}`` naming every edge type.
+        ``fused`` only matters to DGL's sampler, where it runs instead.
+    generator : torch.Generator, optional
+        Where each batch's key is drawn.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Fanouts that are not a list of ints or dicts, a fanout below -1,
+        ``edge_dir`` neither ``"in"`` nor ``"out"``, or both ``prob`` and
+        ``mask`` (at construction); dict layers that do not name each edge
+        type once (at the first batch of a graph).
+    IndexError
+        A seed outside the graph (before any sampling).
+
+    Examples
+    --------
+    >>> import dgl, torch
+    >>> from directload.loaders.dgl import NeighborSampler
+    >>> g = dgl.graph((torch.tensor([1, 2, 3, 0]), torch.tensor([0, 0, 0, 1])))
+    >>> sampler = NeighborSampler([2], generator=torch.Generator().manual_seed(0))
+    >>> input_nodes, output_nodes, (block,) = sampler.sample_blocks(g, torch.tensor([0]))
+    >>> block.num_dst_nodes(), block.num_src_nodes(), block.num_edges()
+    (1, 3, 2)
+    >>> input_nodes[0].item(), block.dstdata[dgl.NID].tolist()
+    (0, [0])
+    >>> src, dst = block.edges()
+    >>> g.has_edges_between(input_nodes[src], output_nodes[dst]).all().item()
+    True
+    """
+
+    def __init__(self, fanouts, edge_dir="in", prob=None, mask=None, replace=False, prefetch_node_feats=None,
+                 prefetch_labels=None, prefetch_edge_feats=None, output_device=None, fused=True, *, generator=None):
+        layers = _check_layers(fanouts)
+        if edge_dir not in _EDGE_DIRS:
+            raise ValueError(f"edge_dir must be 'in' or 'out', got {edge_dir!r}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        # DGL's own, with the same arguments, for what directload does not implement; it checks prob and mask
+        self._dgl = dgl.dataloading.NeighborSampler(fanouts, edge_dir=edge_dir, prob=prob, mask=mask,
+                                                    replace=replace, output_device=output_device, fused=fused)
+        super().__init__(prefetch_node_feats=prefetch_node_feats, prefetch_labels=prefetch_labels,
+                         prefetch_edge_feats=prefetch_edge_feats, output_device=output_device)
+        self.fanouts, self.edge_dir, self.replace, self.fused = fanouts, edge_dir, bool(replace), fused
+        self.prob = prob or mask  # DGL's attribute: a mask is a 0/1 weight
+        self.generator = generator
+        self._layers = layers
+        self._plans = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+        self._warned = set()
+
+    @classmethod
+    def from_dgl(cls, sampler, *, generator=None):
+        """This sampler with the settings of DGL's ``NeighborSampler`` ``sampler`` (fanouts, edge direction,
+        prob or mask, replacement, prefetched fields, output device).
+
+        Examples
+        --------
+        >>> import dgl
+        >>> from directload.loaders.dgl import NeighborSampler
+        >>> theirs = dgl.dataloading.NeighborSampler([5, 10], prefetch_node_feats=["feat"])
+        >>> ours = NeighborSampler.from_dgl(theirs)
+        >>> ours.fanouts, ours.prefetch_node_feats
+        ([5, 10], ['feat'])
+        """
+        if not isinstance(sampler, dgl.dataloading.NeighborSampler):
+            raise TypeError(f"sampler must be a dgl.dataloading.NeighborSampler, got {type(sampler).__name__}")
+        return cls(sampler.fanouts, edge_dir=sampler.edge_dir, prob=sampler.prob, replace=sampler.replace,
+                   prefetch_node_feats=sampler.prefetch_node_feats, prefetch_labels=sampler.prefetch_labels,
+                   prefetch_edge_feats=sampler.prefetch_edge_feats, output_device=sampler.output_device,
+                   fused=sampler.fused, generator=generator)
+
+    def __repr__(self):
+        return (f"NeighborSampler(fanouts={self.fanouts}, edge_dir={self.edge_dir!r}, prob={self.prob!r}, "
+                f"replace={self.replace})")
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        del state["_plans"], state["_lock"]  # a worker process reads the graph again
+        g = state.pop("generator")  # a torch.Generator does not pickle: its device and state do
+        state["_generator_state"] = None if g is None else (str(g.device), g.get_state())
+        return state
+
+    def __setstate__(self, state):
+        saved = state.pop("_generator_state")
+        self.__dict__.update(state)
+        self.generator = None
+        if saved is not None:
+            self.generator = torch.Generator(device=saved[0])
+            self.generator.set_state(saved[1])
+        self._plans = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def unsupported(self, g, exclude_eids=None):
+        """Why DGL's own sampler runs for this graph and batch (None: directload's runs).
+
+        Examples
+        --------
+        >>> import dgl
+        >>> from directload.loaders.dgl import NeighborSampler
+        >>> g = dgl.rand_graph(10, 30)
+        >>> NeighborSampler([2]).unsupported(g), NeighborSampler([2], edge_dir="out").unsupported(g)
+        (None, "edge_dir='out'")
+        """
+        if self.edge_dir != "in":
+            return f"edge_dir={self.edge_dir!r}"
+        if exclude_eids is not None:
+            return "exclude_eids (an edge-wise loader's exclude=)"
+        if not isinstance(g, dgl.DGLGraph):
+            return f"graphs of type {type(g).__name__}"
+        if g.device.type != "cpu":
+            return "graphs in GPU memory"
+        return None
+
+    def sample_blocks(self, g, seed_nodes, exclude_eids=None):
+        """``(input_nodes, output_nodes, blocks)`` around ``seed_nodes`` (distinct ids; ``{ntype: ids}`` on a
+        graph of several node types), as DGL's ``NeighborSampler.sample_blocks``.
+
+        Returns
+        -------
+        input_nodes : tensor or dict
+            ``blocks[0].srcdata[dgl.NID]``.
+        output_nodes : tensor or dict
+            ``seed_nodes`` as given.
+        blocks : list of DGLBlock
+            On ``output_device``, else the seeds' device.
+
+        Examples
+        --------
+        >>> import dgl, torch
+        >>> from directload.loaders.dgl import NeighborSampler
+        >>> g = dgl.rand_graph(50, 400)
+        >>> _, _, blocks = NeighborSampler([3, 3]).sample_blocks(g, torch.tensor([0, 1]))
+        >>> [b.num_dst_nodes() for b in blocks][-1], bool((blocks[-1].in_degrees() <= 3).all())
+        (2, True)
+        """
+        reason = self.unsupported(g, exclude_eids)
+        if reason is not None:
+            self._warn(reason)
+            return self._dgl.sample_blocks(g, seed_nodes, exclude_eids=exclude_eids)
+        plan = self._plan(g)
+        if isinstance(seed_nodes, Mapping):
+            seeds = dict(seed_nodes)
+        elif len(plan.ntypes) == 1:
+            seeds = {plan.ntypes[0]: seed_nodes}
+        else:
+            raise TypeError("this graph has several node types: pass the seeds as a dict {ntype: ids}")
+        unknown = [t for t in seeds if t not in plan.ntypes]
+        if unknown:
+            raise ValueError(f"seed types {unknown} are not node types of the graph {plan.ntypes}")
+        device = torch.device(self.output_device) if self.output_device is not None else _device_of(seed_nodes)
+        nodes, hops, num_nodes = plan.sample(seeds)
+        blocks = _blocks(g, nodes, hops, num_nodes, device)
+        return blocks[0].srcdata[dgl.NID], seed_nodes, blocks
+
+    def _plan(self, g):
+        with self._lock:
+            plan = self._plans.get(g)
+            if plan is not None and plan.signature == _signature(g, self.prob):
+                return plan
+            plan = _Plan(g, self._layers, self.prob, self.replace, self.generator)
+            self._plans[g] = plan
+            return plan
+
+    def _warn(self, reason):
+        if reason not in self._warned:
+            self._warned.add(reason)
+            warnings.warn(f"directload's sampler does not implement {reason}: DGL's own sampler runs instead",
+                          UserWarning, stacklevel=3)
