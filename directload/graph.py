@@ -48,7 +48,7 @@ def _as_index(t, name):
     t = host_of(t)
     if t.dtype not in (torch.int32, torch.int64) or t.dim() != 1:
         raise TypeError(f"{name} must be a 1-d int32 or int64 tensor, got {t.dtype} of shape {tuple(t.shape)}")
-    return t
+    return t.contiguous()  # the kernels read the parts as flat arrays
 
 
 class CSCGraph:
@@ -115,6 +115,7 @@ class CSCGraph:
                 raise TypeError("weights must be a 1-d float32 or float64 tensor")
             if weights.numel() != indices.numel():
                 raise GraphError(f"weights has {weights.numel()} entries for {indices.numel()} edges")
+            weights = weights.contiguous()
         self._parts = {"indptr": indptr, "indices": indices, "eids": eids, "weights": weights}
         self.num_nodes = num_nodes
         self.num_src_nodes = num_src_nodes
@@ -164,9 +165,12 @@ class CSCGraph:
         return tuple(None if t is None else host_of(t).numpy() for t in (self._parts[k] for k in _PARTS))
 
     def check(self):
-        """Raise :class:`GraphError` unless the parts form a CSC; O(edges), on the host."""
+        """Raise :class:`GraphError` unless the parts form a CSC; O(edges), where the graph lives.
+
+        Samplers trust a checked graph: its parts must not change after.
+        """
         if self.device.type != "cpu":
-            return
+            return self._check_on_device()
         indptr, indices, _, weights = self.numpy()
         code, pos = check_csc(indptr, indices.shape[0], indices, self.num_src_nodes)
         if code == 1:
@@ -179,8 +183,23 @@ class CSCGraph:
         if code == 4:
             raise GraphError(f"index {int(indices[pos])} at position {pos} is outside the graph's "
                              f"{self.num_src_nodes} source nodes")
-        if weights is not None and weights.size and not (weights >= 0).all():
-            raise GraphError("weights must be non-negative and not NaN")
+        if code == 5:
+            raise GraphError(f"node {pos} has {int(indptr[pos + 1] - indptr[pos])} in-edges; the sampler's draws "
+                             f"take in-degrees below 2**32")
+        if weights is not None and weights.size and not (np.isfinite(weights) & (weights >= 0)).all():
+            raise GraphError("weights must be finite and non-negative (NaN and inf are refused)")
+
+    def _check_on_device(self):
+        indptr, indices, weights = self.indptr, self.indices, self.weights
+        deg = indptr[1:] - indptr[:-1]
+        if int(indptr[0]) != 0 or bool((deg < 0).any()) or int(indptr[-1]) != indices.numel():
+            raise GraphError("indptr does not start at 0, decreases, or does not end at len(indices)")
+        if deg.numel() and int(deg.max()) >= 2**32:
+            raise GraphError("an in-degree reaches 2**32; the sampler's draws take in-degrees below it")
+        if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= self.num_src_nodes):
+            raise GraphError(f"an index is outside the graph's {self.num_src_nodes} source nodes")
+        if weights is not None and weights.numel() and not bool((torch.isfinite(weights) & (weights >= 0)).all()):
+            raise GraphError("weights must be finite and non-negative (NaN and inf are refused)")
 
     def _map(self, fn):
         parts = {k: None if v is None else fn(k, v) for k, v in self._parts.items()}
@@ -206,7 +225,7 @@ class CSCGraph:
 
     def to(self, device):
         """A copy of the parts on ``device`` (``"cuda"``: in GPU memory, for graphs that fit)."""
-        return self._map(lambda _, t: host_of(t).to(device))
+        return self._map(lambda _, t: host_of(t).to(device).contiguous())
 
     @classmethod
     def shared(cls, key, source=None, *, ranks=None, affinity="cuda", timeout=600.0, directory=None):
@@ -253,7 +272,7 @@ class CSCGraph:
         parts = {name: shared_table(f"{key}.{name}", None if source is None else part(name), **kw)
                  for name in _PARTS if present[name]}
         g = cls(parts["indptr"], parts["indices"], eids=parts.get("eids"), weights=parts.get("weights"),
-                num_src_nodes=num_src, check=False)
+                num_src_nodes=num_src)  # checked here too: a reader trusts no other process's bytes
         g._meta = meta  # held while the graph lives: the last process to let a table go removes its name
         return g._with({k: parts.get(k) for k in _PARTS})
 

@@ -14,11 +14,13 @@ from .graph import CSCGraph
 from .unified import host_of, is_unified
 
 __all__ = ["NeighborSampler", "HeteroNeighborSampler", "SampledBatch", "HeteroSampledBatch", "check_fanouts",
-           "LAYOUTS"]
+           "LAYOUTS", "MAX_FANOUT"]
 
 #: ``"pyg"``: each hop samples the nodes new at the hop before; ``"dgl"``: every node reached so far.
 LAYOUTS = ("pyg", "dgl")
 _KEY_BOUND = 2**63 - 1
+#: The largest fanout (draws per node with replacement; without, -1 takes every neighbour).
+MAX_FANOUT = 2**31 - 1
 
 
 @dataclass
@@ -105,6 +107,8 @@ def check_fanouts(fanouts, name="fanouts"):
             raise TypeError(f"{name}[{i}] must be an int, got {type(k).__name__}")
         if k < -1:
             raise ValueError(f"{name}[{i}] is {k}; a fanout is a count of neighbours, or -1 for all of them")
+        if k > MAX_FANOUT:
+            raise ValueError(f"{name}[{i}] is {k}, over {MAX_FANOUT}; use -1 for all neighbours")
         out.append(int(k))
     if not out:
         raise ValueError(f"{name} is empty; give one fanout per layer")
@@ -136,7 +140,7 @@ def _seeds_array(seeds, num_nodes, what="seed"):
 class _Keys:
     """Each batch's key: from ``torch``'s default generator (so ``torch.manual_seed`` fixes the batches; torch
     seeds each DataLoader worker's apart) or a ``torch.Generator`` of the sampler's own, whose copy in a worker
-    process draws keys mixed with the worker's id (so two workers' batches never share streams)."""
+    process draws keys mixed with the worker's seed (so neither two workers nor two epochs share streams)."""
 
     def __init__(self, generator):
         if generator is not None and not isinstance(generator, torch.Generator):
@@ -159,7 +163,9 @@ class _Keys:
             key = int(torch.randint(_KEY_BOUND, (1,), generator=self.generator))
             worker = torch.utils.data.get_worker_info()
             if self.generator is not None and worker is not None:
-                key = int(cpu.mix(np.uint64(key) ^ np.uint64(cpu.mix(np.uint64(worker.id + 1))))) & _KEY_BOUND
+                # The worker's seed is drawn anew for every epoch's workers (and differs between them), where
+                # the copy of the generator each new worker gets is the same.
+                key = int(cpu.mix(np.uint64(key) ^ np.uint64(cpu.mix(np.uint64(worker.seed))))) & _KEY_BOUND
             return key
         if isinstance(key, bool) or not isinstance(key, (int, np.integer)) or not 0 <= key <= _KEY_BOUND:
             raise ValueError(f"key must be an int in [0, 2**63 - 1], got {key!r}")
@@ -249,6 +255,9 @@ class NeighborSampler:
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         if self.device.type == "cuda" and not capabilities().cuda:
             raise RuntimeError("device='cuda' needs a CUDA device; this machine has none")
+        if graph.device.type != "cpu" and self.device.type != "cuda":
+            raise ValueError(f"the graph lives on {graph.device}: sample it with device='cuda' (or pass "
+                             "graph.to('cpu'))")
         self._keys = _Keys(generator)
         self._marks = _Marks()
         self._gpu = _on_gpu(graph, self.device)

@@ -27,6 +27,7 @@ Picks for one node of in-degree ``d`` with fanout ``k`` (``k < 0``: all)
       ``k <= FLOYD_MAX`` in draw order (the taken check a scan) and Algorithm R
       (a reservoir) beyond;
     - uniform, with replacement: ``k`` draws below ``d`` (none when ``d = 0``);
+      ``k < 0`` takes every edge once, with replacement or not;
     - weighted, without replacement: Efraimidis-Spirakis, the ``k`` smallest
       keys ``-log(u) / w`` among edges of positive weight, smallest first
       (successive sampling proportional to the weights, as ``torch.multinomial``);
@@ -313,6 +314,7 @@ def sample_hop(indptr, indices, eids, weights, frontier, fanout, replace, key, h
     """
     weighted = weights is not None
     w = weights if weighted else np.empty(0, np.float64)
+    replace = bool(replace) and fanout >= 0  # -1: every edge once, with replacement or not (as PyG and DGL)
     serial = forks.forked()
     counts = np.empty(frontier.shape[0], np.int64)
     (_counts_serial if serial else _counts)(indptr, w, weighted, frontier, fanout, replace, counts)
@@ -374,7 +376,8 @@ def check_csc(indptr, num_edges, indices, num_src):
     """``-1`` when ``indptr`` and ``indices`` form a valid CSC, else a code: see :mod:`directload.graph`.
 
     Codes: 1 ``indptr[0] != 0``; 2 decreasing ``indptr`` (at position ``pos``);
-    3 ``indptr[-1] != len(indices)``; 4 an index outside ``[0, num_src)``.
+    3 ``indptr[-1] != len(indices)``; 4 an index outside ``[0, num_src)``;
+    5 an in-degree of ``2**32`` or more (:func:`below` draws below ``2**32``).
     Returns ``(code, position)``.
     """
     if indptr[0] != 0:
@@ -382,6 +385,8 @@ def check_csc(indptr, num_edges, indices, num_src):
     for i in range(indptr.shape[0] - 1):
         if indptr[i + 1] < indptr[i]:
             return 2, i
+        if np.int64(indptr[i + 1]) - np.int64(indptr[i]) >= np.int64(4294967296):
+            return 5, i
     if indptr[indptr.shape[0] - 1] != num_edges:
         return 3, indptr.shape[0] - 1
     for i in range(indices.shape[0]):

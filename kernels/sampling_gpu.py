@@ -155,6 +155,7 @@ def run_hop(launcher, indptr, indices, eids, weights, frontier, fanout, replace,
     ([1, 0, 0], [0, 1, 2], [0, 2, 3])
     """
     device = frontier.device
+    replace = replace and fanout >= 0  # -1: every edge once, as kernels.sampling.sample_hop
     nodes = frontier.to(torch.int64).contiguous()
     n = nodes.shape[0]
     span = torch.zeros(2, dtype=torch.int64, device=device)
@@ -260,19 +261,20 @@ def run_batch(launcher, indptr, indices, eids, weights, seeds, fanouts, replace,
         new = node = n_seeds
         hops, totals = [], []
         for hop, fanout in enumerate(fanouts):
+            replace_h = replace and fanout >= 0  # -1: every edge once, as kernels.sampling.sample_hop
             bound = new if pyg else node
             lo_at, hi_at = stages[hop:hop + 1] if pyg else stages[:1], stages[hop + 1:hop + 2]
-            offsets = _counts(launcher, indptr, weights, nodes, lo_at, hi_at, bound, fanout, replace)
+            offsets = _counts(launcher, indptr, weights, nodes, lo_at, hi_at, bound, fanout, replace_h)
             if fanout < 0:
                 edges = int(offsets[-1])  # a host read: all edges of the frontier, sized exactly
             else:
-                edges = _edge_bound(bound, n_seeds if hop == 0 or not pyg else 0, fanout, replace, num_edges)
+                edges = _edge_bound(bound, n_seeds if hop == 0 or not pyg else 0, fanout, replace_h, num_edges)
             new = min(edges, num_nodes)
             node = min(node + new, n_seeds + num_nodes)
             if nodes.shape[0] < node:
                 nodes = _grown(launcher, nodes, node)
             col = launcher.empty(edges, torch.int64, device)
-            nbr, eid = _picks(launcher, graph, nodes, lo_at, hi_at, bound, edges, replace, key, hop, offsets, col)
+            nbr, eid = _picks(launcher, graph, nodes, lo_at, hi_at, bound, edges, replace_h, key, hop, offsets, col)
             rows = _relabel(launcher, nbr, offsets[bound:], edges, marks, nodes, stages, hop + 1)
             done = hop + 2
             hops.append((rows, col, eid))

@@ -136,14 +136,15 @@ class Dataset:
         where the directory is read-only.
         """
         if self._csc is None:
-            from directload.graph import CSCGraph, GraphError
+            from directload.graph import CSCGraph
 
             crc32c = require("crc32c")
-            source = f"edge_index crc32c {crc32c.crc32c(self.edge_index.numpy().tobytes()):08x}"
+            edges = memoryview(np.ascontiguousarray(self.edge_index.numpy())).cast("B")  # no copy
+            source = f"{self.num_nodes} nodes, edge_index crc32c {crc32c.crc32c(edges):08x}"
             where = self.path / "csc"
             try:
                 g = CSCGraph.load(where, affinity=affinity, source=source)
-            except (FileNotFoundError, GraphError):
+            except (OSError, ValueError, TypeError):  # none yet, another dataset's, or damaged (GraphError too)
                 g = CSCGraph.from_edge_index(self.edge_index, self.num_nodes)
                 with contextlib.suppress(OSError):
                     g.save(where, source=source)

@@ -50,11 +50,11 @@ class GAT(nn.Module):
 
     def forward(self, x, edge_index, nodes_per_hop, edges_per_hop):
         for i, layer in enumerate(self.layers):
-            x, e = _layer_input(i, len(self.layers), nodes_per_hop, edges_per_hop, x, edge_index)
             if i != len(self.layers) - 1:
-                x = F.elu(layer(tuple(map(self.dropout, x)) if isinstance(x, tuple) else self.dropout(x), e))
+                x = self.dropout(x)  # one mask a node: its messages and its own row agree
+                x = F.elu(layer(*_layer_input(i, len(self.layers), nodes_per_hop, edges_per_hop, x, edge_index)))
             else:
-                x = layer(x, e)
+                x = layer(*_layer_input(i, len(self.layers), nodes_per_hop, edges_per_hop, x, edge_index))
         return x
 
 

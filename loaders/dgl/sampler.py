@@ -1,5 +1,6 @@
 """``NeighborSampler``: directload's neighbour sampler as a DGL ``BlockSampler``, for DGL's DataLoader and ours."""
 
+import os
 import threading
 import warnings
 import weakref
@@ -16,7 +17,17 @@ from directload.sampler import NeighborSampler as _Sampler
 __all__ = ["NeighborSampler"]
 
 _EDGE_DIRS = ("in", "out")
-_KEY_BOUND = 2**63 - 1
+#: Every sampler of this process: a child forked while one built a plan (its lock held by a thread the child
+#: does not have) gets fresh locks.
+_LIVE = weakref.WeakSet()
+
+
+def _fresh_locks():
+    for sampler in list(_LIVE):
+        sampler._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_locks)
 
 
 def _check_layers(fanouts):
@@ -239,6 +250,7 @@ output_device, fused
         self._plans = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._warned = set()
+        _LIVE.add(self)
 
     @classmethod
     def from_dgl(cls, sampler, *, generator=None):
@@ -281,6 +293,7 @@ output_device, fused
             self.generator.set_state(saved[1])
         self._plans = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
+        _LIVE.add(self)
 
     def unsupported(self, g, exclude_eids=None):
         """Why DGL's own sampler runs for this graph and batch (None: directload's runs).

@@ -237,3 +237,71 @@ def test_a_sampler_with_its_own_generator_pickles_for_spawned_workers(graph):
     s = NeighborSampler(g, [3], generator=torch.Generator().manual_seed(9))
     copy = pickle.loads(pickle.dumps(s))
     assert copy.sample(torch.arange(5)).key == s.sample(torch.arange(5)).key  # the same state, the same next key
+
+
+def test_all_neighbours_with_replacement_is_every_edge_once():
+    # -1 takes every in-edge once whatever replace says (as PyG and DGL); it drew d times with replacement.
+    edge_index = torch.tensor([[1, 2, 3], [0, 0, 0]])
+    g = CSCGraph.from_edge_index(edge_index, 4)
+    for key in range(20):
+        row, _, eid = NeighborSampler(g, [-1], replace=True).sample(torch.tensor([0]), key=key).hops[0]
+        assert sorted(eid.tolist()) == [0, 1, 2]
+    w = CSCGraph.from_edge_index(edge_index, 4, edge_weight=torch.tensor([1.0, 0.0, 2.0]))
+    row, _, eid = NeighborSampler(w, [-1], replace=True, weighted=True).sample(torch.tensor([0]), key=1).hops[0]
+    assert sorted(eid.tolist()) == [0, 2]
+
+
+def test_strided_parts_are_taken():
+    indices = torch.stack([torch.tensor([1, 0, 0]), torch.zeros(3, dtype=torch.int64)], 1)[:, 0]
+    assert not indices.is_contiguous()
+    g = CSCGraph(torch.tensor([0, 2, 3]), indices)
+    assert g.indices.is_contiguous()
+    assert NeighborSampler(g, [-1]).sample(torch.tensor([0]), key=0).num_sampled_edges == [2]
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan"), -1.0])
+def test_weights_must_be_finite_and_non_negative(bad):
+    with pytest.raises(GraphError, match="finite and non-negative"):
+        CSCGraph.from_edge_index(torch.tensor([[1, 2], [0, 0]]), 3, edge_weight=torch.tensor([1.0, bad]))
+
+
+def test_in_degrees_of_2_to_the_32_are_refused():
+    from directload.kernels.sampling import check_csc
+
+    # below() draws under 2**32: a larger list would be sampled with bias.
+    assert check_csc(np.array([0, 2**32], np.int64), 2**32, np.zeros(1, np.int64), 1) == (5, 0)
+    assert check_csc(np.array([0, 2**32 - 1], np.int64), 2**32 - 1, np.zeros(0, np.int64), 1) == (-1, -1)
+
+
+def test_fanouts_are_bounded(graph):
+    with pytest.raises(ValueError, match="over 2147483647"):
+        NeighborSampler(graph[1], [2**31])
+
+
+def test_a_generator_in_worker_processes_gives_each_epoch_its_own_keys(graph):
+    _, g = graph
+    sampler = NeighborSampler(g, [2], generator=torch.Generator().manual_seed(3))
+
+    class Keys(torch.utils.data.Dataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            return sampler.sample(torch.tensor([i])).key
+
+    loader = torch.utils.data.DataLoader(Keys(), batch_size=None, num_workers=2)
+    first, second = list(loader), list(loader)
+    assert len(set(first)) == 2  # two workers, two streams
+    assert not set(first) & set(second)  # a new epoch's workers, new keys
+
+
+def test_a_damaged_dataset_graph_is_built_again(tmp_path):
+    from directload.datasets import load, synthesize
+
+    synthesize(tmp_path, "synth-tiny", progress=False)
+    ds = load(tmp_path, "synth-tiny", affinity="host")
+    want = ds.csc(affinity="host").numpy()[1].copy()
+    part = ds.path / "csc" / "indices.npy"
+    part.write_bytes(part.read_bytes()[:200])  # truncated
+    got = load(tmp_path, "synth-tiny", affinity="host").csc(affinity="host")
+    assert np.array_equal(got.numpy()[1], want)
