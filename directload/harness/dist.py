@@ -272,7 +272,10 @@ def machine_main(index, roles):
         subprocess.run(cmd, check=True, capture_output=True)
     os.environ["GLOO_SOCKET_IFNAME"] = link  # gloo would resolve the host name, which is no address of this machine
     logs = {role: open(f"machine{index}-{role}.log", "w") for role in ("server", "trainer")}  # noqa: SIM115
-    server, trainer = (subprocess.Popen([*roles, role], stdout=logs[role], stderr=subprocess.STDOUT,
+    # Unbuffered: a machine's log says what its processes have done (DGL's "connect to server" among it) as they
+    # do it, not when a buffer fills or the process ends.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    server, trainer = (subprocess.Popen([*roles, role], stdout=logs[role], stderr=subprocess.STDOUT, env=env,
                                         preexec_fn=_die_with_parent) for role in ("server", "trainer"))
     try:
         while True:

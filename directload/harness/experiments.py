@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .plotting import pyplot, save_figure
-from .train import TrainConfig, framework_side, train
+from .train import TrainConfig, train
 
 __all__ = ["compare", "summarize", "write_report", "print_summary", "json_safe"]
 
@@ -56,11 +56,10 @@ def _runs(dataset, base, model, seed, loaders, progress):
                              "node_budget": base.node_budget if loader == "directload" else 0,
                              "node_io_depth": base.node_io_depth if loader == "directload" else 0,
                              "shared_hot": base.shared_hot if loader == "directload" else 0,
-                             "sampler": base.sampler if loader == "directload"
-                             else framework_side(base.framework).own_sampler()})
+                             "sampler": base.sampler if loader == "directload" else "framework"})
         t0 = time.perf_counter()
         res = train(dataset, cfg, progress=progress)
-        rows.append({"model": model, "loader": loader, "sampler": cfg.sampler, "seed": seed,
+        rows.append({"model": model, "loader": loader, "sampler": res.config.get("sampler", cfg.sampler), "seed": seed,
                      "wall_s": time.perf_counter() - t0,
                      "valid_acc": res.valid_acc, "test_acc": res.test_acc,
                      "epochs": [asdict(e) for e in res.epochs], "config": res.config, "warm": res.warm,

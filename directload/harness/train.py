@@ -7,7 +7,7 @@ come from :mod:`directload.harness.train_dgl` (DGL) or :mod:`directload.harness.
 
 import importlib
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
@@ -322,6 +322,10 @@ def train(dataset, cfg, *, progress=True, evaluate_each_epoch=False):
     to time its gathers); directload's reads the unified tensor.
     """
     fw = _framework(cfg)
+    if cfg.sampler == "framework" and fw.own_sampler() == "directload":  # PyG with neither pyg-lib nor torch-sparse
+        print(f"{cfg.framework} has no sampler here: its loader samples with directload's (its distribution, not "
+              "its batches)")
+        cfg = replace(cfg, sampler="directload")
     _seed(fw, cfg.seed)
     device = torch.device(cfg.device)
     if cfg.loader == "directload":  # a training run is long: load the CPU gather kernels now, not once they pay
