@@ -10,7 +10,7 @@ from directload.capabilities import capabilities
 from directload.errors import DirectloadError
 from directload.kernels import gather
 from directload.kernels.interop import CudaArrayView
-from directload.kernels.operands import check_readable, out_of_range
+from directload.kernels.operands import check_readable, host_of, out_of_range
 
 from . import memory
 from .placement import (
@@ -599,19 +599,6 @@ def is_unified(x):
     (False, True)
     """
     return isinstance(x, UnifiedTensor)
-
-
-def host_of(x):
-    """The plain host tensor under a :class:`UnifiedTensor` (its ``host``), or ``x`` itself.
-
-    Examples
-    --------
-    >>> import directload, torch
-    >>> t = torch.zeros(2)
-    >>> host_of(t) is t, type(host_of(directload.zeros(2))).__name__
-    (True, 'Tensor')
-    """
-    return x.host if is_unified(x) else x
 
 
 #: Maps a file as a unified tensor (``directload.files.from_file``, which builds on this module and sets

@@ -14,7 +14,48 @@ import torch
 
 from .carriers import ELEMENT_SIZES
 
-__all__ = ["check_launch", "check_readable", "out_of_range", "RowWords", "row_words", "memory_span", "overlaps"]
+__all__ = ["check_launch", "check_readable", "out_of_range", "RowWords", "row_words", "memory_span", "overlaps",
+           "host_of", "can_gather"]
+
+
+def host_of(x, *, checked=False):
+    """The plain host tensor under a unified tensor (its ``host``), or ``x`` itself.
+
+    With ``checked``, the unified tensor's ``check_backing()`` first: a closed
+    tensor, or a mapped file whose size changed, raises instead.  Duck-typed
+    (``is_unified``), so the layers below the unified tensor use it too.
+
+    Examples
+    --------
+    >>> import directload, torch
+    >>> t = torch.zeros(2)
+    >>> host_of(t) is t, type(host_of(directload.zeros(2))).__name__
+    (True, 'Tensor')
+    """
+    if not getattr(x, "is_unified", False):
+        return x
+    return x.check_backing() if checked else x.host
+
+
+def can_gather(table):
+    """Whether directload's kernels take ``table`` as a table of rows.
+
+    A plain tensor (a unified tensor's :func:`host_of`, not the subclass:
+    tensor subclasses keep their own indexing) of at least one dimension,
+    contiguous, without autograd, of 1, 2, 4 or 8-byte real elements, in host
+    or CUDA memory.  Callers add their own rules on where it lives.
+
+    Examples
+    --------
+    >>> import torch
+    >>> can_gather(torch.zeros(4, 3)), can_gather(torch.zeros(4, 3).t())
+    (True, False)
+    >>> can_gather(torch.zeros(2, dtype=torch.complex64)), can_gather(torch.zeros(()))
+    (False, False)
+    """
+    return (type(table) is torch.Tensor and table.dim() >= 1 and table.is_contiguous() and not table.requires_grad
+            and table.element_size() in ELEMENT_SIZES and not table.is_complex()
+            and table.device.type in ("cpu", "cuda"))
 
 _DEVICE_TYPES = ("cpu", "cuda")  # where a gather reads and writes; "meta" tensors have no memory at all
 

@@ -266,7 +266,7 @@ class FeatureStore:
 
         Every check runs before this returns (see the class's memory contract).
         """
-        self._check_open()
+        self.check_open()
         index = _as_index(ids)
         if device is not None:
             device = usable_device(device)  # NoDeviceError for a GPU this machine does not have
@@ -296,7 +296,7 @@ class FeatureStore:
         a read) can sit under a :class:`~directload.stores.HostCache` or
         :class:`~directload.stores.DeviceCache`.
         """
-        self._check_open()
+        self.check_open()
         index = _as_index(ids)
         self._check_bounds(index)
         rows = index.cpu().numpy().astype(np.int64, copy=False)
@@ -348,7 +348,7 @@ class FeatureStore:
         The ids are checked as a read's are (errors before any work); then :meth:`_prefetch` acts on
         them: nothing by default, read-ahead in caching stores.
         """
-        self._check_open()
+        self.check_open()
         index = _as_index(ids)
         self._check_bounds(index)
         self._prefetch(index)
@@ -411,7 +411,8 @@ class FeatureStore:
         locks replaces them here (the default has none)."""
 
     # --------------------------------------------------------------- helpers
-    def _check_open(self):
+    def check_open(self):
+        """Raise :class:`ClosedError` if the store is closed (a composite store checks its parts with it)."""
         if self._closed:
             raise ClosedError(f"{self!r} is closed")
 
@@ -444,14 +445,19 @@ class FeatureStore:
                              "(as torch refuses it); read into a normal tensor, or read inside torch.inference_mode()")
         if out.numel():
             span = memory_span(out)
-            for mine in self._own_memory():
+            for mine in self.held_memory():
                 if overlaps(span, memory_span(mine, whole=True)):
                     raise ValueError(f"out shares memory with {self!r}'s own rows: a read cannot write where it "
                                      "reads; pass a separate out")
 
-    def _own_memory(self):
+    def held_memory(self):
         """Tensors (or arrays) whose memory the store reads rows from or keeps them in, which no ``out`` may
-        overlap: a tensor store's table, a cache's slots."""
+        overlap: a tensor store's table, a cache's slots, and those of the stores it wraps (:meth:`_own_memory`).
+        """
+        return tuple(self._own_memory())
+
+    def _own_memory(self):
+        """The hook of :meth:`held_memory`; none by default."""
         return ()
 
 

@@ -135,7 +135,7 @@ class Cache(FeatureStore):
         super().__init__()
         if not isinstance(fallback, FeatureStore):
             raise TypeError(f"fallback must be a directload FeatureStore, not {type(fallback).__name__}")
-        fallback._check_open()
+        fallback.check_open()
         capacity_bytes = check_bytes("capacity_bytes", capacity_bytes)
         staging_bytes = check_bytes("staging_bytes", staging_bytes)
         room_bytes = capacity_bytes if room_bytes is None else check_bytes("room_bytes", room_bytes)
@@ -260,7 +260,7 @@ class Cache(FeatureStore):
         (8, 8)
         """
         capacity_bytes = check_bytes("capacity_bytes", capacity_bytes)
-        self._check_open()
+        self.check_open()
         if isinstance(self._policy_spec, Policy):
             raise TypeError("this cache's policy was given as a Policy object, which has one capacity: to resize "
                             "the cache, give the policy by name or as a callable capacity -> Policy")
@@ -290,7 +290,7 @@ class Cache(FeatureStore):
         return rows
 
     def _own_memory(self):
-        return (self._rows, *self.fallback._own_memory())
+        return (self._rows, *self.fallback.held_memory())
 
     # ----------------------------------------------------------- prefetch
     def _prefetch(self, index):
@@ -336,7 +336,7 @@ class Cache(FeatureStore):
         Returns the number of rows admitted (read in, unless a read on demand took them first or
         ``background``: ``stats()["warmed_rows"]`` counts those read in).
         """
-        self._check_open()
+        self.check_open()
         index = _as_index(self._warm_ids(ids))
         self._check_bounds(index)
         ids = self._warm_candidates(index.cpu().numpy().astype(np.int64, copy=False))
@@ -416,7 +416,7 @@ class Cache(FeatureStore):
         self._this_process()
         ids = index.cpu().numpy().astype(np.int64, copy=True)  # the caller may reuse its ids at once
         with self._submit_lock:  # ClosedError once closed, never the executor's "cannot schedule"
-            self._check_open()
+            self.check_open()
             work = functools.partial(self._read, ids, out, run_device, out_device)
             return ReadFuture(future=self._reader.submit(work), steal=functools.partial(self._steal, work))
 

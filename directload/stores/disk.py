@@ -318,7 +318,7 @@ class DiskStore(FeatureStore):
         """``fn(*args)`` on the read thread; :class:`ClosedError` once the store is closed, whichever thread
         closed it, never the executor's own "cannot schedule new futures after shutdown"."""
         with self._submit_lock:
-            self._check_open()
+            self.check_open()
             return self._worker.submit(fn, *args)
 
     def _read(self, ids, out, device, pin):

@@ -222,7 +222,7 @@ class RowExchange(FeatureStore):
         super().__init__()
         if not isinstance(local, FeatureStore):
             raise TypeError(f"local must be a directload FeatureStore, not {type(local).__name__}")
-        local._check_open()
+        local.check_open()
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised: call torch.distributed.init_process_group "
                                "on every rank before making a RowExchange")
@@ -277,7 +277,7 @@ class RowExchange(FeatureStore):
         return self._wire if self._nccl else HOST
 
     def _own_memory(self):
-        return self.local._own_memory()
+        return self.local.held_memory()
 
     # ----------------------------------------------------------------- reads
     def _check_usable(self):

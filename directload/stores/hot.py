@@ -5,7 +5,7 @@ import threading
 import numpy as np
 import torch
 
-from directload.kernels.operands import check_readable
+from directload.kernels.operands import check_readable, host_of
 
 from .base import FeatureStore, ReadFuture
 from .records import Stats, TieredStats
@@ -49,7 +49,7 @@ class HotRowsStore(FeatureStore):
         super().__init__()
         if not isinstance(fallback, FeatureStore):
             raise TypeError(f"fallback must be a directload FeatureStore, not {type(fallback).__name__}")
-        fallback._check_open()
+        fallback.check_open()
         if isinstance(hot_ids, torch.Tensor):
             check_readable(hot_ids, "hot_ids")
         hot = np.asarray(hot_ids.cpu() if isinstance(hot_ids, torch.Tensor) else hot_ids)
@@ -61,7 +61,7 @@ class HotRowsStore(FeatureStore):
             raise IndexError(f"hot_ids must be in [0, {n}), got {int(hot.min())}..{int(hot.max())}")
         if np.unique(hot).size != hot.size:
             raise ValueError("hot_ids must be distinct")
-        host = getattr(rows, "host", rows) if getattr(rows, "is_unified", False) else rows
+        host = host_of(rows)
         if not isinstance(host, torch.Tensor):
             raise TypeError(f"rows must be a tensor or a unified tensor, not {type(rows).__name__}")
         want = (hot.size, *fallback.row_shape)
@@ -99,7 +99,7 @@ class HotRowsStore(FeatureStore):
         return int(self._hot.size)
 
     def _own_memory(self):
-        return (self._rows, *self.fallback._own_memory())
+        return (self._rows, *self.fallback.held_memory())
 
     def _read_async(self, index, out, run_device, out_device):
         ids = index.cpu().numpy().astype(np.int64, copy=False)
@@ -145,7 +145,7 @@ class HotRowsStore(FeatureStore):
 
     def warm(self, ids=None, *, background=False, progress=False):
         """Warm the fallback's caches with ``ids`` (default :meth:`hot_ids`), leaving out the hot rows."""
-        self._check_open()
+        self.check_open()
         if not callable(getattr(self.fallback, "warm", None)):
             raise TypeError(f"{self.fallback!r} has no cache to warm")
         ids = self._warm_ids(ids)

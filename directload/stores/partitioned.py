@@ -88,7 +88,7 @@ class PartitionedStore(FeatureStore):
         for what, store in (("local", local), ("remote", remote)):
             if not isinstance(store, FeatureStore):
                 raise TypeError(f"{what} must be a directload FeatureStore, not {type(store).__name__}")
-            store._check_open()
+            store.check_open()
         bounds = check_bounds(bounds, remote.num_rows)
         if isinstance(part, bool) or not isinstance(part, (int, np.integer)) or not 0 <= part < bounds.size - 1:
             raise ValueError(f"part must be a partition in [0, {bounds.size - 1}), got {part!r}")
@@ -130,7 +130,7 @@ class PartitionedStore(FeatureStore):
         return owners(self.bounds, ids.cpu() if isinstance(ids, torch.Tensor) else ids)
 
     def _own_memory(self):
-        return self.local._own_memory()
+        return self.local.held_memory()
 
     def _split(self, index):
         ids = index.cpu().numpy().astype(np.int64, copy=False)

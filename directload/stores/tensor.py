@@ -4,21 +4,13 @@ import numpy as np
 import torch
 
 from directload.kernels import gather_async
-from directload.kernels.carriers import ELEMENT_SIZES
 from directload.kernels.devices import MAPPED, memory_of
-from directload.unified import is_unified
+from directload.kernels.operands import can_gather, host_of
 
 from .base import FeatureStore, ReadFuture, deliver
 from .records import Staged
 
 __all__ = ["TensorStore"]
-
-
-def _gatherable(t):
-    """Whether directload's kernels take ``t`` as a table (else torch's ``index_select`` reads it, and a
-    tensor subclass keeps its own indexing)."""
-    return (type(t) is torch.Tensor and t.dim() >= 1 and t.is_contiguous() and not t.requires_grad
-            and t.element_size() in ELEMENT_SIZES and not t.is_complex() and t.device.type in ("cpu", "cuda"))
 
 
 class TensorStore(FeatureStore):
@@ -73,13 +65,13 @@ class TensorStore(FeatureStore):
 
     def _read_async(self, index, out, run_device, out_device):
         table = self.table
-        host = table.check_backing() if is_unified(table) else table  # a unified tensor's plain host view
+        host = host_of(table, checked=True)  # a unified tensor's plain host view
         if run_device.type == "cuda" and not index.is_cuda:
             # From pinned staging: a copy from pageable memory would wait for the stream.
             index = index.pin_memory().to(run_device, non_blocking=True)
         else:  # a CPU gather must see the copied ids
             index = index.to(run_device)
-        if not _gatherable(host):
+        if not can_gather(host):
             rows = table.index_select(0, index.to(table.device).long())
             return ReadFuture(result=deliver(rows, out, out_device))
         table = host if run_device.type == "cpu" else table
@@ -93,17 +85,17 @@ class TensorStore(FeatureStore):
 
 
     def _check_bounds(self, index):
-        host = self.table.check_backing() if is_unified(self.table) else self.table
-        if index.is_cuda and _gatherable(host):
+        host = host_of(self.table, checked=True)
+        if index.is_cuda and can_gather(host):
             return  # the GPU kernel checks them, with no host sync (kernels.bounds): wait() raises
         super()._check_bounds(index)
 
     def _own_memory(self):
-        return (self.table.check_backing() if is_unified(self.table) else self.table,)
+        return (host_of(self.table, checked=True),)
 
     def _stage(self, rows, into, mapped):
-        host = self.table.check_backing() if is_unified(self.table) else self.table
-        if _gatherable(host) and not host.is_cuda and host.numel() and (not mapped or memory_of(host) == MAPPED):
+        host = host_of(self.table, checked=True)
+        if can_gather(host) and not host.is_cuda and host.numel() and (not mapped or memory_of(host) == MAPPED):
             # rows in host memory already: the table itself is the flat tier, no copy
             row_elems = int(np.prod(self.row_shape, dtype=np.int64))
             return Staged(host.view(-1), rows * row_elems)

@@ -112,11 +112,11 @@ class TieredStore(FeatureStore):
         return self.top.memory
 
     def _own_memory(self):
-        return self.top._own_memory()
+        return self.top.held_memory()
 
     def read_async(self, ids, *, out=None, device=None):
         """Read through the top tier (its own checks, the same as every store's)."""
-        self._check_open()
+        self.check_open()
         return self.top.read_async(ids, out=out, device=device)
 
     def _stage(self, rows, into, mapped):
@@ -133,7 +133,7 @@ class TieredStore(FeatureStore):
         of hotness, :meth:`hot_ids`), host tier first, so the GPU tier's rows come from host memory
         (with ``background``, the GPU tier's thread starts once the host tier's is done).
         Returns ``{tier name: rows admitted}``.  See :meth:`~directload.stores.Cache.warm`."""
-        self._check_open()
+        self.check_open()
         ids = self._warm_ids(ids)
         out, below = {}, None
         for cache in self.tiers[-2::-1]:
@@ -154,7 +154,7 @@ class TieredStore(FeatureStore):
         ...     store.resize(host_bytes=64 * 8), store.resize(host_bytes=10 ** 6)
         ({'host': 64}, {'host': 80})
         """
-        self._check_open()
+        self.check_open()
         out = {}
         for tier, nbytes in (("host", host_bytes), ("device", gpu_bytes)):
             if nbytes is None:

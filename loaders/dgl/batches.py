@@ -21,7 +21,7 @@ from dgl.heterograph import DGLGraph
 from dgl.storages import wrap_storage
 from dgl.utils import recursive_apply, recursive_apply_pair
 
-from directload.kernels.carriers import ELEMENT_SIZES
+from directload.kernels import operands
 from directload.stores import FeatureStore, TensorStore, check_table
 
 from ..pipeline import BatchAdapter
@@ -38,11 +38,7 @@ def can_gather(table, ids, device):
     ``device``) from pinned, unified or same-device CUDA memory.
     """
     unified = getattr(table, "is_unified", False)
-    if not isinstance(table, torch.Tensor) or not (unified or type(table) is torch.Tensor):
-        return False
-    if table.requires_grad or table.dim() == 0 or table.element_size() not in ELEMENT_SIZES:
-        return False
-    if not unified and not table.is_contiguous():
+    if not isinstance(table, torch.Tensor) or table.requires_grad or not operands.can_gather(operands.host_of(table)):
         return False
     gpu = ids.is_cuda or device.type == "cuda"
     if table.is_cuda:

@@ -10,7 +10,7 @@ from torch_geometric.data import Data, HeteroData
 from torch_geometric.loader import NeighborLoader as _PygNeighborLoader
 
 import directload
-from directload.kernels.carriers import ELEMENT_SIZES
+from directload.kernels.operands import can_gather
 from directload.units import check_int
 
 from ..pipeline import (
@@ -31,8 +31,7 @@ __all__ = ["NeighborLoader", "PygBatches", "stores_from", "unified_data", "resol
 
 def _unify(value, affinity):
     """``value`` as a unified tensor sharing its memory, when it is a table directload can gather."""
-    if (type(value) is torch.Tensor and value.device.type == "cpu" and value.dim() >= 1 and value.is_contiguous()
-            and not value.requires_grad and value.element_size() in ELEMENT_SIZES):
+    if can_gather(value) and value.device.type == "cpu":
         return directload.to_unified(value, affinity, pin="auto")
     return value
 
