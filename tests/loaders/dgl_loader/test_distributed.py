@@ -195,7 +195,14 @@ def _launch(root, tmp_path):
            "--loader", "directload", "--epochs", "200", "--fanouts", "4", "4", "--batch-size", "64", "--no-progress",
            "--out", str(tmp_path / "out")]
     with open(tmp_path / "stdout", "w") as out, open(tmp_path / "stderr", "w") as err:
-        return subprocess.Popen(cmd, stdout=out, stderr=err)
+        return subprocess.Popen(cmd, stdout=out, stderr=err, preexec_fn=_default_signals)
+
+
+def _default_signals():
+    """The launcher's signals at their defaults, as a terminal's foreground job has them: a test run in the
+    background (``pytest &``, ``nohup``) has SIGINT ignored, which the launcher would inherit and keep."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def _proc_of(pid):
