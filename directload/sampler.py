@@ -14,7 +14,7 @@ from .graph import CSCGraph
 from .unified import host_of, is_unified
 
 __all__ = ["NeighborSampler", "HeteroNeighborSampler", "SampledBatch", "HeteroSampledBatch", "check_fanouts",
-           "LAYOUTS", "MAX_FANOUT"]
+           "LAYOUTS", "MAX_FANOUT", "generator_state", "generator_from"]
 
 #: ``"pyg"``: each hop samples the nodes new at the hop before; ``"dgl"``: every node reached so far.
 LAYOUTS = ("pyg", "dgl")
@@ -137,6 +137,35 @@ def _seeds_array(seeds, num_nodes, what="seed"):
     return s
 
 
+def generator_state(generator):
+    """``generator`` (a ``torch.Generator`` or None) as something that pickles: its device and state.
+
+    Examples
+    --------
+    >>> import pickle, torch
+    >>> g = torch.Generator().manual_seed(3)
+    >>> copy = generator_from(pickle.loads(pickle.dumps(generator_state(g))))
+    >>> torch.randint(9, (3,), generator=copy).tolist() == torch.randint(9, (3,), generator=g).tolist()
+    True
+    """
+    return None if generator is None else (str(generator.device), generator.get_state())
+
+
+def generator_from(state):
+    """The ``torch.Generator`` :func:`generator_state` saved (None for None)."""
+    if state is None:
+        return None
+    device, saved = state
+    generator = torch.Generator(device=device)
+    generator.set_state(saved)
+    return generator
+
+
+def _salted(key, salt):
+    """A key mixed with ``salt`` (a non-negative int), in ``[0, 2**63)``."""
+    return int(cpu.mix(np.uint64(key) ^ np.uint64(cpu.mix(np.uint64(salt))))) & _KEY_BOUND
+
+
 class _Keys:
     """Each batch's key: from ``torch``'s default generator (so ``torch.manual_seed`` fixes the batches; torch
     seeds each DataLoader worker's apart) or a ``torch.Generator`` of the sampler's own, whose copy in a worker
@@ -148,15 +177,10 @@ class _Keys:
         self.generator = generator
 
     def __getstate__(self):  # a torch.Generator does not pickle: its device and state do
-        g = self.generator
-        return {"generator": None if g is None else (str(g.device), g.get_state())}
+        return {"generator": generator_state(self.generator)}
 
     def __setstate__(self, state):
-        self.generator = None
-        if state["generator"] is not None:
-            device, saved = state["generator"]
-            self.generator = torch.Generator(device=device)
-            self.generator.set_state(saved)
+        self.generator = generator_from(state["generator"])
 
     def next(self, key):
         if key is None:
@@ -165,7 +189,7 @@ class _Keys:
             if self.generator is not None and worker is not None:
                 # The worker's seed is drawn anew for every epoch's workers (and differs between them), where
                 # the copy of the generator each new worker gets is the same.
-                key = int(cpu.mix(np.uint64(key) ^ np.uint64(cpu.mix(np.uint64(worker.seed))))) & _KEY_BOUND
+                key = _salted(key, worker.seed)
             return key
         if isinstance(key, bool) or not isinstance(key, (int, np.integer)) or not 0 <= key <= _KEY_BOUND:
             raise ValueError(f"key must be an int in [0, 2**63 - 1], got {key!r}")
@@ -303,10 +327,6 @@ class NeighborSampler:
         return SampledBatch(torch.from_numpy(nodes).to(dev), out_hops, nn, ne, key)
 
 
-def _etype_key(key, index):
-    return int(cpu.mix(np.uint64(key) ^ np.uint64(cpu.mix(np.uint64(index + 1))))) & _KEY_BOUND
-
-
 class HeteroNeighborSampler:
     """:class:`NeighborSampler` over a heterogeneous graph: one CSC and one fanout list per edge type.
 
@@ -417,7 +437,7 @@ class HeteroNeighborSampler:
                     indptr, indices, eids, weights = arrays[et]
                     nbr, eid, offsets = cpu.sample_hop(indptr, indices, eids, weights if self.weighted else None,
                                                        frontier, self.fanouts[et][hop], self.replace,
-                                                       _etype_key(key, index), hop)
+                                                       _salted(key, index + 1), hop)
                     if buf[src].size < count[src] + nbr.size:
                         buf[src] = np.concatenate([buf[src][:count[src]],
                                                    np.empty(max(nbr.size, count[src]), np.int64)])

@@ -11,7 +11,7 @@ import torch
 from dgl.dataloading import BlockSampler
 
 from directload.graph import CSCGraph
-from directload.sampler import HeteroNeighborSampler, check_fanouts
+from directload.sampler import HeteroNeighborSampler, check_fanouts, generator_from, generator_state
 from directload.sampler import NeighborSampler as _Sampler
 
 __all__ = ["NeighborSampler"]
@@ -280,17 +280,12 @@ output_device, fused
     def __getstate__(self):
         state = dict(self.__dict__)
         del state["_plans"], state["_lock"]  # a worker process reads the graph again
-        g = state.pop("generator")  # a torch.Generator does not pickle: its device and state do
-        state["_generator_state"] = None if g is None else (str(g.device), g.get_state())
+        state["generator"] = generator_state(state["generator"])  # a torch.Generator does not pickle
         return state
 
     def __setstate__(self, state):
-        saved = state.pop("_generator_state")
         self.__dict__.update(state)
-        self.generator = None
-        if saved is not None:
-            self.generator = torch.Generator(device=saved[0])
-            self.generator.set_state(saved[1])
+        self.generator = generator_from(state["generator"])
         self._plans = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         _LIVE.add(self)
