@@ -30,9 +30,9 @@ setup(
     python_requires=">=3.11,<3.14",
     # kernels/ and loaders/ install as directload.kernels and directload.loaders,
     # so nothing lands under a generic top-level name.
-    packages=["directload", "directload.datasets", "directload.harness", "directload.stores",
-              "directload.stores.policies", "directload.kernels", "directload.loaders", "directload.loaders.dgl",
-              "directload.loaders.pyg"],
+    packages=["directload", "directload.datasets", "directload.harness", "directload.harness.commands",
+              "directload.stores", "directload.stores.policies", "directload.kernels", "directload.loaders",
+              "directload.loaders.dgl", "directload.loaders.pyg"],
     package_dir={
         "directload": "directload",
         "directload.kernels": "kernels",
@@ -65,7 +65,7 @@ setup(
         # OGB's raw-file readers, to load datasets (real or generated); the framework extras include it.
         "ogb": ["ogb==1.3.6"],
         "io": ["liburing"],
-        "dev": ["pytest", "hypothesis", "ruff", "import-linter>=2.1", "pytorch-lightning>=2.4"],
+        "dev": ["pytest", "hypothesis", "ruff", "import-linter>=2.1", "pytorch-lightning>=2.4", "mypy>=1.10"],
         # The documentation site (mkdocs.yml): installed alone into .venv-docs, since mkdocstrings reads the
         # code without importing it; ruff formats the signatures.
         "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings>=1.0", "mkdocstrings-python>=2.0", "ruff"],

@@ -32,7 +32,7 @@ from _gpu import WINDOW  # noqa: E402
 from _report import fmt_time, gpu_tables, wide_table  # noqa: E402
 
 from directload.capabilities import capabilities  # noqa: E402
-from directload.harness.cli import HelpFormatter  # noqa: E402
+from directload.harness.parser import HelpFormatter  # noqa: E402
 from directload.kernels.pcie_model import count_requests, footprint  # noqa: E402
 
 

@@ -36,7 +36,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, print_table, pyplot, save_figure, system_facts, write_json  # noqa: E402
 
-from directload.stores import DiskStore, disk_io  # noqa: E402
+from directload.stores import DiskStore, disk_uring  # noqa: E402
 
 HEADER = 4096
 
@@ -89,7 +89,7 @@ def bare_uring_point(path, bs, qd, seconds, size, rng):
     """The same random block reads through directload's io_uring loop alone (no planning, no copy-out)."""
     n = 20000
     blocks = (size - HEADER) // bs
-    engine = disk_io.UringEngine(qd)
+    engine = disk_uring.UringEngine(qd)
     fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
     buf = np.empty(n * bs + 4096, np.uint8)
     base = (buf.ctypes.data + 4095) // 4096 * 4096

@@ -29,7 +29,8 @@ from _common import RESULTS, print_table, system_facts, write_json
 from tqdm import tqdm
 
 from directload.datasets import dataset_exists, synthesize
-from directload.harness.cli import HelpFormatter, partition_dir
+from directload.harness.commands.partition import partition_dir
+from directload.harness.parser import HelpFormatter
 from directload.harness.plotting import pyplot, save_figure
 
 MODES = ("dgl", "memory", "disk", "tiered")

@@ -39,9 +39,10 @@ from _common import (  # noqa: E402
     write_json,
 )
 
-from directload.harness.cli import HelpFormatter  # noqa: E402
+from directload.harness.parser import HelpFormatter  # noqa: E402
 from directload.stores import DiskStore, PartitionedStore, TensorStore, write_disk_store  # noqa: E402
-from directload.stores.exchange import RowExchange, partition_bounds  # noqa: E402
+from directload.stores.exchange import RowExchange  # noqa: E402
+from directload.stores.partitioned import partition_bounds  # noqa: E402
 
 WORLD = 2
 

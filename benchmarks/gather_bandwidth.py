@@ -34,7 +34,7 @@ from _common import (  # noqa: E402
 )
 
 from directload.capabilities import capabilities  # noqa: E402
-from directload.harness.cli import HelpFormatter  # noqa: E402
+from directload.harness.parser import HelpFormatter  # noqa: E402
 from directload.kernels import cpu as cpu_backend  # noqa: E402
 from directload.kernels import gather  # noqa: E402
 

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS  # noqa: E402
 from _report import Report  # noqa: E402
 
-from directload.harness.cli import HelpFormatter  # noqa: E402
+from directload.harness.parser import HelpFormatter  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Seconds a step may run past its budget to print and write what it measured, before it is stopped.

@@ -21,7 +21,7 @@ import torch
 from _common import RESULTS, print_table, system_facts, write_json
 
 from directload.datasets import PRESETS, dataset_exists, load, synthesize
-from directload.harness.cli import HelpFormatter
+from directload.harness.parser import HelpFormatter
 from directload.harness.plotting import pyplot, save_figure
 from directload.stores import DiskStore, HostCache, access_counts, renumber, write_disk_store
 

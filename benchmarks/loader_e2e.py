@@ -22,8 +22,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import cpu_hog  # noqa: E402
 
-from directload.harness.cli import HelpFormatter, add_train_arguments, report_name, run_training  # noqa: E402
+from directload.harness.commands.runs import report_name  # noqa: E402
+from directload.harness.commands.train import run_training  # noqa: E402
 from directload.harness.memcap import enter_capped_child  # noqa: E402
+from directload.harness.parser import HelpFormatter, add_train_arguments  # noqa: E402
 
 
 def main(argv=None):

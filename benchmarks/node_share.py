@@ -36,7 +36,7 @@ from _common import RESULTS, pack_disk_store, print_table, system_facts, write_j
 from directload.datasets import dataset_exists, load, synthesize
 from directload.datasets.synthetic import SynthConfig
 from directload.harness import memcap
-from directload.harness.cli import HelpFormatter
+from directload.harness.parser import HelpFormatter
 from directload.harness.plotting import pyplot, save_figure
 from directload.units import parse_size
 

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from _common import RESULTS, print_table, pyplot, save_figure, system_facts, write_json
 
 from directload.datasets import PRESETS, dataset_exists, load, synthesize
-from directload.harness.cli import HelpFormatter
+from directload.harness.parser import HelpFormatter
 
 IDIOMS = ("train", "train, loader only", "train, workers", "train, workers, loader only", "layer-wise inference",
           "remote backend", "remote backend, loader only", "unified table in model code",

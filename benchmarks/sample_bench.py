@@ -43,7 +43,7 @@ from _common import RESULTS, parse_with_quick, pyplot, save_figure, system_facts
 from directload.capabilities import capabilities  # noqa: E402
 from directload.datasets import PRESETS, dataset_exists, load, synthesize  # noqa: E402
 from directload.graph import CSCGraph  # noqa: E402
-from directload.harness.cli import HelpFormatter  # noqa: E402
+from directload.harness.parser import HelpFormatter  # noqa: E402
 from directload.sampler import NeighborSampler  # noqa: E402
 from directload.unified import host_of  # noqa: E402
 

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import parse_with_quick, pyplot, save_figure, system_facts, write_json  # noqa: E402
 
 from directload.capabilities import capabilities  # noqa: E402
-from directload.harness.cli import HelpFormatter  # noqa: E402
+from directload.harness.parser import HelpFormatter  # noqa: E402
 
 SIZES_GIB = [0.25, 0.5, 1, 2, 4, 8, 16]
 QUICK = dict(sizes_gib=[0.25, 2, 16], row_bytes=[1024], reps=5, pipeline=10)

@@ -23,7 +23,7 @@ from _common import parse_with_quick, system_facts, table_text, write_json  # no
 from _report import fmt_ratio, fmt_time, gpu_tables  # noqa: E402
 
 from directload.capabilities import capabilities  # noqa: E402
-from directload.harness.cli import HelpFormatter  # noqa: E402
+from directload.harness.parser import HelpFormatter  # noqa: E402
 
 QUICK = dict(row_bytes=[256, 1024, 2052], counts=[1024, 131072], reps=5, pipeline=10, table_gib=2.0)
 #: The tuner's choice counts as right when it takes at most this much more time than the fastest.

@@ -36,7 +36,7 @@ from _report import fmt_ratio, gpu_tables  # noqa: E402
 
 import directload  # noqa: E402
 from directload.capabilities import capabilities  # noqa: E402
-from directload.harness.cli import HelpFormatter  # noqa: E402
+from directload.harness.parser import HelpFormatter  # noqa: E402
 from directload.kernels import gather  # noqa: E402
 
 #: The goals of the GPU path (issue 31): at most this time over torch's index_select, at most this host overhead.

@@ -33,7 +33,8 @@ from pathlib import Path
 
 from _common import RESULTS, print_table, pyplot, save_figure, system_facts, write_json
 
-from directload.harness.cli import BENCH_SCRIPTS, HelpFormatter
+from directload.harness.commands.bench import BENCH_SCRIPTS
+from directload.harness.parser import HelpFormatter
 
 ROOT = Path(__file__).resolve().parent.parent
 _KEYS = ("config", "name", "model", "loader", "policy", "row_bytes")  # what names a record in a list

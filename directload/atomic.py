@@ -5,12 +5,16 @@ the directory.  A killed write leaves only its partial, which the next write of 
 :mod:`directload.stores.generations`.)
 """
 
+from __future__ import annotations
+
 import contextlib
 import fcntl
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 __all__ = [
     "write_atomically", "fsync_dir", "umask", "remove_partials", "new_partial", "partial_pattern", "PARTIAL_SUFFIX",
@@ -19,7 +23,7 @@ __all__ = [
 PARTIAL_SUFFIX = ".partial"
 
 
-def umask():
+def umask() -> int:
     """This process's umask, read without changing it (``os.umask`` would, for every thread at once)."""
     try:
         with open("/proc/self/status") as f:
@@ -31,7 +35,7 @@ def umask():
     return 0o022
 
 
-def fsync_dir(directory):
+def fsync_dir(directory: os.PathLike[str] | str) -> None:
     """Make the directory's entries (a rename, a new file) durable."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -40,12 +44,12 @@ def fsync_dir(directory):
         os.close(fd)
 
 
-def partial_pattern(name):
+def partial_pattern(name: str) -> re.Pattern[str]:
     """The names of the partials of ``name`` (``.name.<8 random characters>[.role].partial``)."""
     return re.compile(r"\." + re.escape(name) + r"\.[A-Za-z0-9_]{8}(\.[a-z]+)?" + re.escape(PARTIAL_SUFFIX))
 
 
-def remove_partials(directory, name):
+def remove_partials(directory: os.PathLike[str] | str, name: str) -> None:
     """Remove what killed writes of ``name`` left in ``directory`` (their partials, recognised by name).  A
     partial whose writer lives (it holds a ``flock`` on it, as :func:`write_atomically` does) is left alone:
     two processes writing one file at once both finish."""
@@ -75,7 +79,7 @@ def remove_partials(directory, name):
             os.close(fd)
 
 
-def new_partial(directory, name, role=""):
+def new_partial(directory: os.PathLike[str] | str, name: str, role: str = "") -> tuple[int, Path]:
     """``(fd, path)`` of a new partial of ``name``, open for writing, with the umask's permissions (a
     temporary file would be private)."""
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=(f".{role}" if role else "") + PARTIAL_SUFFIX)
@@ -83,7 +87,7 @@ def new_partial(directory, name, role=""):
     return fd, Path(tmp)
 
 
-def write_atomically(path, write):
+def write_atomically(path: os.PathLike[str] | str, write: Callable[[BinaryIO], object]) -> None:
     """Write ``path`` whole or not at all: ``write(f)`` fills a binary file object, then it replaces ``path``.
 
     Examples

@@ -51,6 +51,8 @@ Examples
 80
 """
 
+from __future__ import annotations
+
 import fcntl
 import json
 import math
@@ -60,23 +62,25 @@ import secrets
 import stat
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 
 from directload.errors import DirectloadError
 
+from . import shm
 from .flocks import LockTimeout, describe_holders, holders, wait_lock
 from .units import check_int
 
 __all__ = ["NodeBudget", "Share", "Resources", "BudgetError", "BudgetTimeout", "PREFIX", "fair_shares", "sweep"]
 
 #: The start of every directory this module makes in shared memory (nothing else there is touched).
-PREFIX = "directload-budget-"
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+PREFIX = shm.PREFIX + "budget-"
+_LONGEST = 100  # of a budget's name
 _MEMBER = re.compile(r"member-(\d+)-([0-9a-f]{16})\.json")
 _TMP = re.compile(r"\.[0-9a-f]{16}\.tmp|limits\.json\.\d+\.tmp")  # the second: the name earlier versions used
 _FIXED = ("lock", "limits.json")
 _RECORD_BYTES = 1 << 16
-_NOFOLLOW = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_WRONG_KIND = "{mode}, not a {kind}"  # how a budget's refusals say it
 
 
 class BudgetError(DirectloadError, RuntimeError):
@@ -132,7 +136,7 @@ class BudgetTimeout(BudgetError, TimeoutError):
     """
 
 
-def fair_shares(budget, wants, leasts):
+def fair_shares(budget: int, wants: Sequence[int], leasts: Sequence[int]) -> list[int]:
     """Max-min fair shares of one resource: the highest level ``L`` such that giving each loader its least,
     or ``L``, or its want, whichever is in the middle, fits the budget (water-filling); the units the integer
     level leaves over go one each to the first loaders at the level.
@@ -192,8 +196,9 @@ class NodeBudget:
     Resources(host_bytes=1073741824, pinned_bytes=0, io_depth=32)
     """
 
-    def __init__(self, name, *, host_bytes, pinned_bytes=0, io_depth=0, directory=None, poll=0.5, timeout=30.0):
-        if not isinstance(name, str) or not _NAME.fullmatch(name):
+    def __init__(self, name: str, *, host_bytes: int, pinned_bytes: int = 0, io_depth: int = 0,
+                 directory: os.PathLike[str] | str | None = None, poll: float = 0.5, timeout: float = 30.0) -> None:
+        if not shm.valid_name(name, _LONGEST):
             raise ValueError(f"a budget's name is letters, digits and _ . - (at most 100), not {name!r}")
         self.name = name
         self.limits = Resources(host_bytes, pinned_bytes, io_depth)
@@ -203,13 +208,14 @@ class NodeBudget:
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
             raise ValueError(f"timeout must be a number of seconds > 0, not {timeout!r}")
         self.timeout = float(timeout)
-        directory = os.fspath(directory) if directory is not None else "/dev/shm"
+        directory = os.fspath(directory) if directory is not None else shm.SHM_DIR
         if not os.path.isdir(directory):
             raise ValueError(f"a node budget lives in a directory that exists (a tmpfs such as /dev/shm), not "
                              f"{directory!r}")
         self.path = os.path.join(directory, PREFIX + name)
 
-    def join(self, want, *, least=None, on_change=None):
+    def join(self, want: Resources, *, least: Resources | None = None,
+             on_change: Callable[[Resources], object] | None = None) -> Share:
         """Take a share of the budget: up to ``want`` (:class:`Resources`), at least ``least`` (default
         nothing).  ``on_change(resources)`` is called with the first share before ``join`` returns, then with
         each new one on a watcher thread that looks every ``poll`` seconds (shrinking before the share is
@@ -240,6 +246,10 @@ class NodeBudget:
         return BudgetError(f"node budget {self.name!r}: {what}, so not a budget's file of ours (a budget never "
                            "follows a link or touches what it did not make): remove it if it is not another "
                            "program's")
+
+    def _check(self, st, where, kind=stat.S_ISREG):
+        """A :class:`BudgetError` where ``st`` is not a regular file (or ``kind``) of this user's."""
+        shm.check_ours(st, where, kind=kind, refuse=self._refuse, wrong_kind=_WRONG_KIND)
 
     def _locked(self, stop=None):
         """The registry, made where missing, held under its lock (a :class:`_Registry`); a holder that keeps
@@ -272,28 +282,27 @@ class NodeBudget:
             raise self._refuse(f"{self.path} is {what}") from exc
         lfd = None
         try:
-            _check_ours(os.fstat(dfd), self.path, self, stat.S_ISDIR)
+            self._check(os.fstat(dfd), self.path, stat.S_ISDIR)
             if only_ours and not _only_ours(dfd):
                 return _close(dfd)
             try:
-                lfd = os.open("lock", os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600, dir_fd=dfd)
+                lfd = os.open("lock", os.O_RDWR | os.O_CREAT | shm.NOFOLLOW, 0o600, dir_fd=dfd)
             except FileNotFoundError:  # the directory was removed meanwhile
                 return _close(dfd)
             except OSError as exc:
                 raise self._refuse(f"{self.path}/lock cannot be opened ({exc.strerror})") from exc
-            _check_ours(os.fstat(lfd), f"{self.path}/lock", self)
+            self._check(os.fstat(lfd), f"{self.path}/lock")
             try:
                 if wait_until is None:
-                    fcntl.flock(lfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    if not shm.lock_if_free(lfd):
+                        return _close(dfd, lfd)
                 else:
                     wait_lock(lfd, wait_until, stop=stop)
-            except BlockingIOError:
-                return _close(dfd, lfd)
             except LockTimeout as exc:
                 raise BudgetTimeout(f"node budget {self.name!r}: {describe_holders(exc.pids)} has held its registry "
                                     f"lock ({self.path}/lock) for more than {self.timeout:g} s (a loader stopped "
                                     "with SIGSTOP, or stuck): shares stay as they are; resume or kill it") from exc
-            if _same(dfd, "lock", lfd) and _same_path(self.path, dfd):
+            if shm.same_file("lock", lfd, dir_fd=dfd) and shm.same_file(self.path, dfd):
                 return _Registry(self, dfd, lfd)
             return _close(dfd, lfd)  # the last loader removed the registry while we waited: the new one
         except BaseException:
@@ -316,37 +325,21 @@ class _Registry:
         or a device never opened); None where it is not there; else :class:`BudgetError`."""
         where = f"{self.budget.path}/{entry}"
         try:
-            st = os.stat(entry, dir_fd=self.dir, follow_symlinks=False)
-        except FileNotFoundError:
-            return None
-        _check_ours(st, where, self.budget)
-        try:
-            fd = os.open(entry, flags | _NOFOLLOW, 0o600, dir_fd=self.dir)
-        except FileNotFoundError:
-            return None
+            return shm.open_ours(entry, flags, dir_fd=self.dir, where=where, refuse=self.budget._refuse,
+                                 wrong_kind=_WRONG_KIND)
         except OSError as exc:
             raise self.budget._refuse(f"{where} cannot be opened ({exc.strerror})") from exc
-        try:
-            _check_ours(os.fstat(fd), where, self.budget)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
 
     def unlink(self, entry, fd):
         """Remove ``entry`` where it is still the file open as ``fd``."""
-        if _same(self.dir, entry, fd):
-            try:
-                os.unlink(entry, dir_fd=self.dir)
-            except FileNotFoundError:
-                pass
+        shm.unlink_if_same(entry, fd, dir_fd=self.dir)
 
     def check_limits(self):
         budget = self.budget
         fd = self.open("limits.json")
         if fd is None:
             tmp = f".{secrets.token_hex(8)}.tmp"
-            out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600, dir_fd=self.dir)
+            out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | shm.NOFOLLOW, 0o600, dir_fd=self.dir)
             try:
                 os.write(out, json.dumps({"limits": list(budget.limits._values())}).encode())
             finally:
@@ -381,7 +374,7 @@ class _Registry:
                     continue  # not ours: left alone
                 if fd is not None:
                     try:
-                        self._drop_unheld(entry, fd)  # under the lock, a .tmp is a killed loader's
+                        shm.drop_unheld(entry, fd, dir_fd=self.dir)  # under the lock, a .tmp is a killed loader's
                     finally:
                         os.close(fd)
         return sorted(live, key=lambda r: (r["joined"], r["file"]))
@@ -391,7 +384,7 @@ class _Registry:
         if fd is None:
             return None
         try:
-            if self._drop_unheld(entry, fd):
+            if shm.drop_unheld(entry, fd, dir_fd=self.dir):  # its owner is gone (the lock went with it)
                 return None
             try:
                 record = _record(os.pread(fd, _RECORD_BYTES, 0))
@@ -403,15 +396,6 @@ class _Registry:
             os.close(fd)
         record["file"] = entry
         return record
-
-    def _drop_unheld(self, entry, fd):
-        """Remove ``entry`` (open as ``fd``) where no process holds it; whether it did."""
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        self.unlink(entry, fd)  # its owner is gone (the lock went with it)
-        return True
 
     def remove_if_empty(self):
         """With no member left, the registry goes: its own files, then the directory (nothing left behind in
@@ -427,7 +411,7 @@ class _Registry:
             os.close(fd)
         self.unlink("lock", self.lock)
         try:
-            if _same_path(self.budget.path, self.dir):
+            if shm.same_file(self.budget.path, self.dir):
                 os.rmdir(self.budget.path)
                 return True
         except OSError:
@@ -441,14 +425,6 @@ def _close(*fds):
             os.close(fd)
 
 
-def _check_ours(st, where, budget, kind=stat.S_ISREG):
-    if not kind(st.st_mode):
-        raise budget._refuse(f"{where} is {stat.filemode(st.st_mode)}, not a "
-                             f"{'directory' if kind is stat.S_ISDIR else 'regular file'}")
-    if st.st_uid != os.geteuid():
-        raise budget._refuse(f"{where} is owned by uid {st.st_uid}, not by this user")
-
-
 def _only_ours(dfd):
     """Whether the directory holds nothing but regular files of ours under the budget's own names."""
     for entry in os.listdir(dfd):
@@ -458,23 +434,9 @@ def _only_ours(dfd):
             st = os.stat(entry, dir_fd=dfd, follow_symlinks=False)
         except FileNotFoundError:
             continue
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        if shm.why_not_ours(st) is not None:
             return False
     return True
-
-
-def _same(dfd, entry, fd):
-    try:
-        return os.path.samestat(os.stat(entry, dir_fd=dfd, follow_symlinks=False), os.fstat(fd))
-    except FileNotFoundError:
-        return False
-
-
-def _same_path(path, fd):
-    try:
-        return os.path.samestat(os.lstat(path), os.fstat(fd))
-    except FileNotFoundError:
-        return False
 
 
 def _counts(values):
@@ -500,7 +462,7 @@ def _record(data):
             **{key: _counts(record[key]) for key in ("want", "least", "held")}}
 
 
-def sweep(directory=None, *, skip=None):
+def sweep(directory: os.PathLike[str] | str | None = None, *, skip: str | None = None) -> list[str]:
     """Remove the budgets in ``directory`` (default ``/dev/shm``) whose loaders are all gone (killed ones
     leave their files behind; a budget under a name never used again would stay): every join sweeps.  A
     budget in use, or one being made, is left alone, and so is anything that is not a real directory of this
@@ -514,21 +476,17 @@ def sweep(directory=None, *, skip=None):
     ...     print(sweep(where), os.listdir(where))
     ['half-made'] []
     """
-    directory = directory or "/dev/shm"
+    directory = directory or shm.SHM_DIR
     gone = []
-    try:
-        entries = sorted(os.listdir(directory))
-    except OSError:
-        return gone
-    for entry in entries:
+    for entry in shm.listing(directory, PREFIX):
         name = entry[len(PREFIX):]
-        if not entry.startswith(PREFIX) or name == skip or not _NAME.fullmatch(name):
+        if name == skip or not shm.valid_name(name, _LONGEST):
             continue
         try:
             st = os.lstat(os.path.join(directory, entry))
         except OSError:
             continue
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        if shm.why_not_ours(st, stat.S_ISDIR) is not None:
             continue  # a link, a file, another user's: never followed, never touched
         try:
             registry = NodeBudget(name, host_bytes=0, directory=directory)._open(only_ours=True)
@@ -568,7 +526,8 @@ class Share:
     60 [60]
     """
 
-    def __init__(self, budget, want, least, on_change):
+    def __init__(self, budget: NodeBudget, want: Resources, least: Resources,
+                 on_change: Callable[[Resources], object] | None) -> None:
         self.budget, self.want, self.least, self._on_change = budget, want, least, on_change
         self._lock = threading.RLock()
         self._error = None
@@ -594,7 +553,7 @@ class Share:
             self._file = f"member-{os.getpid()}-{token}.json"
             self._entry = tmp = f".{token}.tmp"
             self._dir = os.dup(registry.dir)  # its own file is found through this directory, whatever the path
-            self._fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600, dir_fd=self._dir)
+            self._fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | shm.NOFOLLOW, 0o600, dir_fd=self._dir)
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: nobody else holds it
             self._record = {"pid": os.getpid(), "joined": time.time_ns(), "want": list(want._values()),
                             "least": list(least._values()), "held": [0, 0, 0]}
@@ -658,7 +617,7 @@ class Share:
             self._on_change(resources)
         self.current = resources
 
-    def refresh(self):
+    def refresh(self) -> Resources:
         """Look at the others now: take back dead loaders' shares, shrink or grow to this loader's fair
         share.  Returns the share (:class:`Resources`).  Raises :class:`BudgetTimeout` (the share unchanged)
         where another process holds the registry lock past the budget's ``timeout``.
@@ -701,7 +660,7 @@ class Share:
                     self._error = exc
                 return
 
-    def leave(self):
+    def leave(self) -> None:
         """Give the share back (idempotent); the others grow into it at their next look.  Where another
         process holds the registry lock past the budget's ``timeout``, the share is given back all the same
         (as a killed loader's is) and :class:`BudgetTimeout` then says so.
@@ -738,11 +697,7 @@ class Share:
 
     def _drop_file(self):
         if self._fd is not None:
-            if _same(self._dir, self._entry, self._fd):
-                try:
-                    os.unlink(self._entry, dir_fd=self._dir)
-                except FileNotFoundError:
-                    pass
+            shm.unlink_if_same(self._entry, self._fd, dir_fd=self._dir)
             os.close(self._fd)
             self._fd = None
         if self._dir is not None:
@@ -758,5 +713,5 @@ class Share:
     def __repr__(self):
         return f"Share({self.budget.name!r}, current={self.current}, want={self.want})"
 
-    def as_dict(self):
+    def as_dict(self) -> dict[str, object]:
         return {"budget": self.budget.name, "current": asdict(self.current), "want": asdict(self.want)}

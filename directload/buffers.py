@@ -5,17 +5,21 @@ refuses anything else) and is pinned where CUDA runs (so a GPU reads it zero-cop
 one such array; :class:`StagingBuffer` is one that grows with the batches and is reused between them.
 """
 
+from __future__ import annotations
+
+import threading
+
 import numpy as np
 
 from directload import memory
 
-__all__ = ["PAGE", "aligned", "StagingBuffer"]
+__all__ = ["StagingPool", "PAGE", "aligned", "StagingBuffer"]
 
 #: Bytes of a page: every buffer here starts on one (a multiple of every block size O_DIRECT asks for).
 PAGE = 4096
 
 
-def aligned(nbytes, *, pin="auto"):
+def aligned(nbytes: int, *, pin: str | bool = "auto") -> np.ndarray:
     """A uint8 numpy array of ``nbytes`` starting on a page: pinned where CUDA runs with ``pin="auto"``,
     ordinary memory with ``pin="never"`` (a view that keeps its allocation alive).
 
@@ -28,6 +32,7 @@ def aligned(nbytes, *, pin="auto"):
     if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or nbytes < 0:
         raise ValueError(f"nbytes must be a non-negative integer, got {nbytes!r}")
     nbytes = int(nbytes)
+    raw: np.ndarray | None
     if pin != "never":
         raw = memory.host_array(memory.allocate(nbytes, pin=pin))
         if raw.ctypes.data % PAGE == 0:  # pinned blocks start on a page: no padding needed
@@ -67,16 +72,17 @@ class StagingBuffer:
     (True, True)
     """
 
-    def __init__(self, *, minimum=1 << 16, growth_limit=None, pin="auto"):
+    def __init__(self, *, minimum: int = 1 << 16, growth_limit: int | None = None,
+                 pin: str | bool = "auto") -> None:
         self.minimum, self.growth_limit, self.pin = int(minimum), growth_limit, pin
-        self._array = None
+        self._array: np.ndarray | None = None
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         """Bytes held now (0 before the first take)."""
         return 0 if self._array is None else self._array.nbytes
 
-    def take(self, nbytes):
+    def take(self, nbytes: int) -> np.ndarray:
         """The buffer, at least ``nbytes`` long (grown if it was shorter; what it held is lost then)."""
         if self._array is None or self._array.nbytes < nbytes:
             old = self.nbytes
@@ -87,6 +93,33 @@ class StagingBuffer:
 
     __call__ = take
 
-    def release(self):
+    def release(self) -> None:
         """Give the memory back (a later take allocates again)."""
         self._array = None
+
+
+class StagingPool:
+    """:class:`StagingBuffer` s for concurrent users: :meth:`take` lends one (a pooled one, else a new one),
+    :meth:`give` returns it; at most ``keep`` are kept for reuse.
+
+    Examples
+    --------
+    >>> pool = StagingPool(keep=1)
+    >>> a = pool.take(); pool.give(a); pool.take() is a
+    True
+    """
+
+    def __init__(self, keep: int = 4) -> None:
+        self.keep = int(keep)
+        self._free: list[StagingBuffer] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> StagingBuffer:
+        with self._lock:
+            return self._free.pop() if self._free else StagingBuffer()
+
+    def give(self, buffer: StagingBuffer) -> None:
+        """Return ``buffer`` once nothing reads or writes it any more (a GPU's work on it synchronized)."""
+        with self._lock:
+            if len(self._free) < self.keep:
+                self._free.append(buffer)

@@ -1,5 +1,7 @@
 """What this machine can do (CUDA, CuPy, NVRTC, Numba CUDA simulator, io_uring), decided once."""
 
+from __future__ import annotations
+
 import contextlib
 import ctypes
 import functools
@@ -7,8 +9,15 @@ import glob
 import os
 import sys
 from dataclasses import asdict, dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from directload.errors import DirectloadError
+
+if TYPE_CHECKING:
+    from _ctypes import CFuncPtr
+
+    import torch
 
 __all__ = ["Capabilities", "capabilities", "usable_device", "NoDeviceError", "require", "io_uring_usable",
            "liburing_functions"]
@@ -62,18 +71,18 @@ class Capabilities:
     host_memory: str
 
     @property
-    def cupy(self):
+    def cupy(self) -> str:
         return _cupy()
 
     @property
-    def nvrtc(self):
+    def nvrtc(self) -> str:
         return _nvrtc()
 
     @property
-    def numba_cuda(self):
+    def numba_cuda(self) -> str:
         return _numba_cuda(self.cudasim)
 
-    def as_dict(self):
+    def as_dict(self) -> dict[str, bool | int | str]:
         """Plain dict, for JSON reports (every probe answered)."""
         d = asdict(self)
         order = ("cuda", "device_count", "device_name", "cupy", "nvrtc", "numba_cuda", "cudasim", "io_uring",
@@ -101,7 +110,7 @@ def _cupy():
     return cupy.__version__
 
 
-def find_libnvrtc():
+def find_libnvrtc() -> str | None:
     """Path of ``libnvrtc`` (CUDA 12 or 13): the pip wheel torch or CuPy brings, else the system one.
 
     NVIDIA's ``cuda-pathfinder`` (a dependency of CuPy and numba-cuda) knows
@@ -150,7 +159,7 @@ def _numba_cuda(cudasim):
 
 
 @functools.cache
-def liburing_functions():
+def liburing_functions() -> dict[str, CFuncPtr]:
     """liburing's C functions from the ``liburing`` package's own library, typed for ctypes and
     Numba; ``{}`` where the package is missing.  The disk store's read loop calls them."""
     try:
@@ -184,7 +193,7 @@ RING_BYTES = 4096
 
 
 @functools.cache
-def io_uring_usable():
+def io_uring_usable() -> bool:
     """Whether liburing loads and the kernel lets this process set up a ring (probed once, with
     the same C functions the disk store reads through)."""
     f = liburing_functions()
@@ -198,7 +207,7 @@ def io_uring_usable():
 
 
 @functools.cache
-def capabilities():
+def capabilities() -> Capabilities:
     """Probe the machine once; later calls return the same answer.
 
     Nothing is probed at import; the first call loads the CUDA driver through
@@ -242,7 +251,7 @@ class NoDeviceError(DirectloadError, RuntimeError):
     """
 
 
-def usable_device(device):
+def usable_device(device: torch.device | str | int | None) -> torch.device:
     """``device`` as a :class:`torch.device` this machine can use, or a clear error.
 
     ``None`` and ``"auto"`` pick ``cuda`` where a GPU is usable, else ``cpu``.
@@ -286,7 +295,7 @@ def usable_device(device):
 _EXTRAS = {"dgl": "dgl", "torch_geometric": "pyg", "torch_sparse": "pyg-sampler", "ogb": "ogb"}
 
 
-def require(module):
+def require(module: str) -> ModuleType:
     """Import an optional package (a framework, OGB), or raise ``ImportError`` naming the extra to install.
 
     Examples

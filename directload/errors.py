@@ -7,7 +7,7 @@ every error of directload's own (a builtin ``TypeError`` or ``IndexError``
 about a caller's argument stays what it is).
 """
 
-__all__ = ["DirectloadError"]
+__all__ = ["DirectloadError", "rethrown"]
 
 
 class DirectloadError(Exception):
@@ -24,3 +24,27 @@ class DirectloadError(Exception):
     ...     print(type(exc).__name__, isinstance(exc, ValueError))
     GraphError True
     """
+
+
+def rethrown(exc: BaseException) -> BaseException:
+    """A fresh exception of ``exc``'s own type, arguments and notes (an ``OSError`` stays an ``OSError``), for a
+    caller to raise ``from exc`` when ``exc`` was raised on another thread (whose traceback it keeps); a
+    ``RuntimeError`` naming it where its type cannot be built again from its arguments.
+
+    Examples
+    --------
+    >>> got = rethrown(KeyError("k"))
+    >>> type(got).__name__, got.args, got.__traceback__ is None
+    ('KeyError', ('k',), True)
+    """
+    try:
+        # as copy.copy does: an OSError keeps its filename
+        reduced: tuple = exc.__reduce__()  # type: ignore[assignment]  # an exception's __reduce__ is a tuple
+        make, args, *state = reduced
+        clone = make(*args)
+        clone.__dict__.update(state[0] if state and state[0] else {})  # its attributes and notes
+    except Exception:  # noqa: BLE001 - an exception type whose constructor takes other arguments
+        notes = " ".join(getattr(exc, "__notes__", ()))
+        return RuntimeError(f"{exc!r} {notes}".strip())
+    clone.__traceback__ = clone.__cause__ = clone.__context__ = None
+    return clone

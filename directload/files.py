@@ -1,8 +1,12 @@
 """Feature tables in files: raw or ``.npy``, memory-mapped and registered as unified tensors."""
 
+from __future__ import annotations
+
 import math
 import os
 import weakref
+from collections.abc import Sequence
+from typing import IO, TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -12,10 +16,15 @@ from .memory import resolve_pin
 from .npy import CorruptFileError, open_regular, read_header
 from .unified import to_unified
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from .unified import UnifiedTensor
+
 __all__ = ["CorruptFileError", "FileWatch", "from_file", "npy_layout"]  # CorruptFileError: directload.npy's
 
 
-def npy_layout(path):
+def npy_layout(path: os.PathLike[str] | str) -> tuple[np.dtype, tuple[int, ...], int]:
     """(dtype, shape, data offset) of a ``.npy`` file, checked against its size.
 
     Raises
@@ -58,13 +67,13 @@ class FileWatch:
     >>> tmp.cleanup()
     """
 
-    def __init__(self, f, path, size):
+    def __init__(self, f: IO[bytes], path: os.PathLike[str] | str, size: int) -> None:
         self.path = path
         self.size = size
         self._fd = os.dup(f.fileno())
         self._finalizer = weakref.finalize(self, os.close, self._fd)
 
-    def check(self):
+    def check(self) -> None:
         """Raise :class:`CorruptFileError` if the file's size differs from when it was mapped."""
         now = os.fstat(self._fd).st_size
         if now != self.size:
@@ -73,7 +82,9 @@ class FileWatch:
                                    "with directload.from_file once it is complete")
 
 
-def from_file(path, dtype=None, shape=None, *, offset=0, mode="r", affinity="cuda", pin="require"):
+def from_file(path: os.PathLike[str] | str, dtype: npt.DTypeLike | torch.dtype = None,
+              shape: Sequence[int] | None = None, *, offset: int = 0, mode: Literal["r", "r+"] = "r",
+              affinity: str = "cuda", pin: str | bool = "require") -> UnifiedTensor:
     """Memory-map a feature file and make it a unified tensor, copying nothing.
 
     Parameters
@@ -159,7 +170,7 @@ def from_file(path, dtype=None, shape=None, *, offset=0, mode="r", affinity="cud
     return out
 
 
-def _raw_shape(path, size, dtype, shape, offset):
+def _raw_shape(path: str, size: int, dtype: np.dtype, shape: tuple[int, ...], offset: int) -> tuple[int, ...]:
     if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0:
         raise ValueError(f"offset must be a non-negative integer, got {offset!r}")
     if not shape or any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < -1 for s in shape):

@@ -7,12 +7,19 @@ lock with its holder's pid (as this process's pid namespace sees it), so nothing
 the lock and nothing goes stale when a holder dies.
 """
 
+from __future__ import annotations
+
 import errno
 import fcntl
 import os
 import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from directload.errors import DirectloadError
+
+if TYPE_CHECKING:
+    import threading
 
 __all__ = ["LockTimeout", "wait_lock", "holders", "describe_holders"]
 
@@ -29,13 +36,14 @@ class LockTimeout(DirectloadError, TimeoutError):
     'the lock is held by pid 42'
     """
 
-    def __init__(self, pids, stopped=False):
+    def __init__(self, pids: Iterable[int], stopped: bool = False) -> None:
         self.pids = list(pids)
         self.stopped = stopped
         super().__init__(f"the lock is held by {describe_holders(self.pids)}")
 
 
-def wait_lock(fd, deadline, *, exclusive=True, span=None, stop=None):
+def wait_lock(fd: int, deadline: float, *, exclusive: bool = True, span: tuple[int, int] | None = None,
+              stop: threading.Event | None = None) -> None:
     """Take the ``flock`` on ``fd`` (or, with ``span=(start, length)``, the ``lockf`` record lock on that
     range), polling until ``time.monotonic()`` passes ``deadline``; raises :class:`LockTimeout` then, or as
     soon as the ``threading.Event`` ``stop`` is set.
@@ -74,7 +82,7 @@ def wait_lock(fd, deadline, *, exclusive=True, span=None, stop=None):
         pause = min(2 * pause, 0.05)
 
 
-def holders(fd, *, kind=None, writers_only=False):
+def holders(fd: int, *, kind: str | None = None, writers_only: bool = False) -> list[int]:
     """The pids holding a lock on the file open as ``fd``, from ``/proc/locks``, without duplicates: every
     kind of lock, or only ``kind`` (``"FLOCK"``, ``"POSIX"``), and only exclusive ones with
     ``writers_only``.  Empty where ``/proc/locks`` is unreadable or the holders are not visible from here.
@@ -111,7 +119,7 @@ def holders(fd, *, kind=None, writers_only=False):
     return pids
 
 
-def describe_holders(pids):
+def describe_holders(pids: Sequence[int]) -> str:
     """``pids`` for a one-line message.
 
     Examples

@@ -1,8 +1,12 @@
 """The graph as unified tensors: every node's in-edges in CSC (indptr, indices, optional edge ids and weights)."""
 
+from __future__ import annotations
+
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -14,6 +18,9 @@ from .atomic import write_atomically
 from .files import from_file
 from .shared import shared_table
 from .unified import host_of, is_unified, to_unified
+
+if TYPE_CHECKING:
+    from .unified import UnifiedTensor
 
 __all__ = ["CSCGraph", "GraphError", "from_edge_index"]
 
@@ -92,7 +99,9 @@ class CSCGraph:
     [0, 2, 1]
     """
 
-    def __init__(self, indptr, indices, *, eids=None, weights=None, num_src_nodes=None, check=True):
+    def __init__(self, indptr: torch.Tensor | np.ndarray, indices: torch.Tensor | np.ndarray, *,
+                 eids: torch.Tensor | np.ndarray | None = None, weights: torch.Tensor | np.ndarray | None = None,
+                 num_src_nodes: int | None = None, check: bool = True) -> None:
         indptr = _as_index(indptr, "indptr")
         indices = _as_index(indices, "indices")
         if indptr.numel() < 1:
@@ -104,8 +113,8 @@ class CSCGraph:
             raise TypeError(f"num_src_nodes must be a non-negative int, got {num_src_nodes!r}")
         if eids is not None:
             eids = _as_index(eids, "eids")
-            if eids.numel() != indices.numel():
-                raise GraphError(f"eids has {eids.numel()} entries for {indices.numel()} edges")
+            if eids.numel() != indices.numel():  # type: ignore[union-attr]  # a tensor now (_as_index)
+                raise GraphError(f"eids has {eids.numel()} entries for {indices.numel()} edges")  # type: ignore[union-attr]
         if weights is not None:
             if isinstance(weights, np.ndarray):
                 weights = torch.from_numpy(weights)
@@ -119,32 +128,32 @@ class CSCGraph:
         self._parts = {"indptr": indptr, "indices": indices, "eids": eids, "weights": weights}
         self.num_nodes = num_nodes
         self.num_src_nodes = num_src_nodes
-        self._meta = None  # a shared graph's meta table (shared), held with the parts
+        self._meta: UnifiedTensor | None = None  # a shared graph's meta table (shared), held with the parts
         if check:
             self.check()
 
     @property
-    def indptr(self):
+    def indptr(self) -> torch.Tensor:
         return self._parts["indptr"]
 
     @property
-    def indices(self):
+    def indices(self) -> torch.Tensor:
         return self._parts["indices"]
 
     @property
-    def eids(self):
+    def eids(self) -> torch.Tensor | None:
         return self._parts["eids"]
 
     @property
-    def weights(self):
+    def weights(self) -> torch.Tensor | None:
         return self._parts["weights"]
 
     @property
-    def num_edges(self):
+    def num_edges(self) -> int:
         return self.indices.numel()
 
     @property
-    def device(self):
+    def device(self) -> torch.device:
         """Where the parts live: ``cpu`` for host, memory-mapped and unified tensors, else their CUDA device."""
         return self.indptr.device
 
@@ -153,18 +162,19 @@ class CSCGraph:
         return (f"CSCGraph(num_nodes={self.num_nodes}, num_edges={self.num_edges}, indices={self.indices.dtype}, "
                 f"eids={self.eids is not None}, weights={self.weights is not None}, memory={kind!r})")
 
-    def in_degrees(self):
+    def in_degrees(self) -> torch.Tensor:
         """Each node's in-degree (int64, where the graph lives)."""
         p = host_of(self.indptr)
         return (p[1:] - p[:-1]).to(torch.int64)
 
-    def numpy(self):
+    def numpy(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
         """``(indptr, indices, eids, weights)`` as numpy views of host memory (None where absent)."""
         if self.device.type != "cpu":
             raise ValueError(f"this graph lives on {self.device}; numpy views need host memory")
-        return tuple(None if t is None else host_of(t).numpy() for t in (self._parts[k] for k in _PARTS))
+        return tuple(None if t is None else host_of(t).numpy()  # type: ignore[return-value]  # indptr, indices are
+                     for t in (self._parts[k] for k in _PARTS))  # never None
 
-    def check(self):
+    def check(self) -> None:
         """Raise :class:`GraphError` unless the parts form a CSC; O(edges), where the graph lives.
 
         Samplers trust a checked graph: its parts must not change after.
@@ -210,7 +220,7 @@ class CSCGraph:
         self._parts = parts  # keeps unified and CUDA tensors as they are (the constructor takes host views)
         return self
 
-    def to_unified(self, affinity="cuda", *, pin="auto"):
+    def to_unified(self, affinity: str = "cuda", *, pin: str | bool = "auto") -> CSCGraph:
         """The graph in unified tensors sharing this graph's host memory (no copy; pinned and mapped with CUDA).
 
         Examples
@@ -223,12 +233,14 @@ class CSCGraph:
         """
         return self._map(lambda _, t: t if is_unified(t) else to_unified(t, affinity, pin=pin))
 
-    def to(self, device):
+    def to(self, device: torch.device | str) -> CSCGraph:
         """A copy of the parts on ``device`` (``"cuda"``: in GPU memory, for graphs that fit)."""
         return self._map(lambda _, t: host_of(t).to(device).contiguous())
 
     @classmethod
-    def shared(cls, key, source=None, *, ranks=None, affinity="cuda", timeout=600.0, directory=None):
+    def shared(cls, key: str, source: CSCGraph | Callable[[], CSCGraph] | None = None, *, ranks: int | None = None,
+               affinity: str = "cuda", timeout: float = 600.0, directory: os.PathLike[str] | str | None = None
+               ) -> CSCGraph:
         """One copy of a graph in shared memory for every process of the node that calls this with ``key``.
 
         Parameters
@@ -248,7 +260,7 @@ class CSCGraph:
         CSCGraph
             Its parts are read-only unified tensors over the node's one copy.
         """
-        built = []
+        built: list[CSCGraph] = []
 
         def graph():
             if not built:
@@ -265,7 +277,7 @@ class CSCGraph:
         def part(name):
             return lambda: host_of(graph()._parts[name])
 
-        kw = dict(ranks=ranks, affinity=affinity, timeout=timeout, directory=directory)
+        kw: dict[str, Any] = dict(ranks=ranks, affinity=affinity, timeout=timeout, directory=directory)
         meta = shared_table(f"{key}.meta", None if source is None else meta_of, **kw)
         num_src, has_eids, has_weights = meta.tolist()
         present = {"indptr": True, "indices": True, "eids": bool(has_eids), "weights": bool(has_weights)}
@@ -276,7 +288,7 @@ class CSCGraph:
         g._meta = meta  # held while the graph lives: the last process to let a table go removes its name
         return g._with({k: parts.get(k) for k in _PARTS})
 
-    def save(self, directory, *, source=None):
+    def save(self, directory: os.PathLike[str] | str, *, source: str | None = None) -> None:
         """Write the parts as ``.npy`` files under ``directory``, then ``graph.json`` naming them.
 
         Each file is written whole or not at all, and ``graph.json`` last, so a
@@ -293,14 +305,17 @@ class CSCGraph:
         for name in _PARTS:
             t = self._parts[name]
             if t is not None:
-                write_atomically(directory / f"{name}.npy", lambda f, t=t: np.save(f, host_of(t).cpu().numpy()))
+                # mypy cannot infer a lambda with a default argument; it takes the file as write_atomically asks
+                write_atomically(directory / f"{name}.npy",
+                                 lambda f, t=t: np.save(f, host_of(t).cpu().numpy()))  # type: ignore[misc]
                 parts.append(name)
         meta = {"format": 1, "parts": parts, "num_nodes": self.num_nodes, "num_src_nodes": self.num_src_nodes,
                 "num_edges": self.num_edges, "source": source}
         write_atomically(manifest, lambda f: f.write(json.dumps(meta).encode()))
 
     @classmethod
-    def load(cls, directory, *, mmap=True, affinity="cuda", check=True, source=None):
+    def load(cls, directory: os.PathLike[str] | str, *, mmap: bool = True, affinity: str = "cuda", check: bool = True,
+             source: str | None = None) -> CSCGraph:
         """A graph written by :meth:`save`; memory-mapped (graphs larger than host memory) unless ``mmap=False``.
 
         Memory-mapped parts are unified tensors over the files (:func:`directload.from_file`).
@@ -340,7 +355,8 @@ class CSCGraph:
         return g._with({k: parts.get(k) for k in _PARTS}) if mmap else g
 
     @classmethod
-    def from_edge_index(cls, edge_index, num_nodes=None, *, num_src_nodes=None, edge_weight=None):
+    def from_edge_index(cls, edge_index: torch.Tensor, num_nodes: int | None = None, *,
+                        num_src_nodes: int | None = None, edge_weight: torch.Tensor | None = None) -> CSCGraph:
         """The CSC of a COO ``edge_index`` (``[2, E]``: row 0 sources, row 1 destinations).
 
         Edge ids are the columns' positions in ``edge_index`` (kept as ``eids``
@@ -350,7 +366,8 @@ class CSCGraph:
         return from_edge_index(edge_index, num_nodes, num_src_nodes=num_src_nodes, edge_weight=edge_weight)
 
 
-def from_edge_index(edge_index, num_nodes=None, *, num_src_nodes=None, edge_weight=None):
+def from_edge_index(edge_index: torch.Tensor, num_nodes: int | None = None, *, num_src_nodes: int | None = None,
+                    edge_weight: torch.Tensor | None = None) -> CSCGraph:
     """:meth:`CSCGraph.from_edge_index`."""
     if not isinstance(edge_index, torch.Tensor) or edge_index.dim() != 2 or edge_index.shape[0] != 2:
         raise TypeError("edge_index must be a [2, num_edges] tensor")

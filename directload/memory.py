@@ -1,12 +1,16 @@
 """Host memory for unified tensors: pooled pinned allocations, chunked registration, plain fallback."""
 
+from __future__ import annotations
+
 import contextlib
 import os
 import resource
 import shutil
 import threading
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -53,7 +57,7 @@ REGISTER_CHUNK = 1 << 30
 PIN_MODES = ("require", "auto", "never")
 
 
-def resolve_pin(pin):
+def resolve_pin(pin: str | bool) -> str:
     """The pin mode ``pin`` names: one of :data:`PIN_MODES`.  Pure.
 
     ``True`` means ``"require"`` and ``False`` means ``"never"``; anything else
@@ -106,17 +110,17 @@ class HostRuntime:
     True
     """
 
-    def host_alloc(self, nbytes):
+    def host_alloc(self, nbytes: int) -> int:
         """Pinned, mapped, portable host memory; returns a pointer."""
         raise NotImplementedError
 
-    def free_host(self, ptr):
+    def free_host(self, ptr: int) -> None:
         raise NotImplementedError
 
-    def host_register(self, ptr, nbytes, read_only):
+    def host_register(self, ptr: int, nbytes: int, read_only: bool) -> None:
         raise NotImplementedError
 
-    def host_unregister(self, ptr):
+    def host_unregister(self, ptr: int) -> None:
         raise NotImplementedError
 
 
@@ -134,17 +138,17 @@ class CupyRuntime(HostRuntime):
 
         self._rt = rt
 
-    def host_alloc(self, nbytes):
+    def host_alloc(self, nbytes: int) -> int:
         return self._rt.hostAlloc(nbytes, HOST_ALLOC_MAPPED | HOST_ALLOC_PORTABLE)
 
-    def free_host(self, ptr):
+    def free_host(self, ptr: int) -> None:
         self._rt.freeHost(ptr)
 
-    def host_register(self, ptr, nbytes, read_only):
+    def host_register(self, ptr: int, nbytes: int, read_only: bool) -> None:
         flags = HOST_REGISTER_MAPPED | HOST_REGISTER_PORTABLE | (HOST_REGISTER_READ_ONLY if read_only else 0)
         self._rt.hostRegister(ptr, nbytes, flags)
 
-    def host_unregister(self, ptr):
+    def host_unregister(self, ptr: int) -> None:
         self._rt.hostUnregister(ptr)
 
 
@@ -164,7 +168,7 @@ class NumbaMappedRuntime(HostRuntime):
     def __init__(self):
         self._blocks = {}
 
-    def host_alloc(self, nbytes):
+    def host_alloc(self, nbytes: int) -> int:
         from numba import cuda  # CUDA only: numba.cuda and its kernels load on first use
 
         from directload.kernels.numba_cuda import array_address
@@ -174,20 +178,20 @@ class NumbaMappedRuntime(HostRuntime):
         self._blocks[ptr] = arr
         return ptr
 
-    def free_host(self, ptr):
+    def free_host(self, ptr: int) -> None:
         del self._blocks[ptr]
 
-    def mapped_view(self, ptr, nbytes):
+    def mapped_view(self, ptr: int, nbytes: int) -> np.ndarray:
         """The device-visible mapped array over ``[ptr, ptr+nbytes)`` of one block."""
         for base, arr in self._blocks.items():
             if base <= ptr and ptr + nbytes <= base + arr.shape[0]:
                 return arr[ptr - base:ptr - base + nbytes]
         raise ValueError(f"{ptr:#x} (+{nbytes}) is not inside a block of this runtime")
 
-    def host_register(self, ptr, nbytes, read_only):
+    def host_register(self, ptr: int, nbytes: int, read_only: bool) -> None:
         raise NotImplementedError("registering existing memory needs CuPy's CUDA runtime")
 
-    def host_unregister(self, ptr):
+    def host_unregister(self, ptr: int) -> None:
         raise NotImplementedError("registering existing memory needs CuPy's CUDA runtime")
 
 
@@ -225,7 +229,7 @@ class Allocation:
         # The finalizer runs once, at release() or when the last reference goes.
         self._finalizer = weakref.finalize(self, _run_release, self._release)
 
-    def release(self):
+    def release(self) -> None:
         """Free or unregister now (idempotent).  Views must be gone first."""
         with self._lock:
             if not self._released:
@@ -233,7 +237,7 @@ class Allocation:
                 self._finalizer()
 
     @property
-    def released(self):
+    def released(self) -> bool:
         """Whether the memory has been freed or unregistered."""
         return not self._finalizer.alive
 
@@ -258,17 +262,17 @@ class PinnedPool:
 
     MIN_BLOCK = 64 * 1024
 
-    def __init__(self, rt):
+    def __init__(self, rt: HostRuntime) -> None:
         self._rt = rt
-        self._free = {}
+        self._free: dict[int, list[int]] = {}  # block size: pointers
         self._lock = threading.Lock()
         self.stats = {"host_alloc": 0, "free_host": 0, "reused": 0}
 
     @classmethod
-    def block_size(cls, nbytes):
+    def block_size(cls, nbytes: int) -> int:
         return max(cls.MIN_BLOCK, 1 << max(0, int(nbytes - 1).bit_length()))
 
-    def allocate(self, nbytes):
+    def allocate(self, nbytes: int) -> Allocation:
         size = self.block_size(nbytes)
         with self._lock:
             blocks = self._free.get(size)
@@ -295,11 +299,11 @@ class PinnedPool:
         with self._lock:
             self._free.setdefault(size, []).append(ptr)
 
-    def cached_bytes(self):
+    def cached_bytes(self) -> int:
         with self._lock:
             return sum(size * len(v) for size, v in self._free.items())
 
-    def empty_cache(self):
+    def empty_cache(self) -> None:
         """Return every cached block to the driver."""
         with self._lock:
             blocks, self._free = self._free, {}
@@ -309,7 +313,8 @@ class PinnedPool:
                 self.stats["free_host"] += 1
 
 
-def register(ptr, nbytes, owner, rt, *, read_only=False, chunk=REGISTER_CHUNK):
+def register(ptr: int, nbytes: int, owner: object, rt: HostRuntime, *, read_only: bool = False,
+             chunk: int = REGISTER_CHUNK) -> Allocation:
     """Register existing memory (``[ptr, ptr+nbytes)``) with CUDA, in chunks.
 
     Returns
@@ -322,7 +327,7 @@ def register(ptr, nbytes, owner, rt, *, read_only=False, chunk=REGISTER_CHUNK):
     PinError
         A chunk failed; the chunks already registered are unregistered first.
     """
-    done = []
+    done: list[int] = []
 
     def unregister():
         for p in done:
@@ -339,11 +344,11 @@ def register(ptr, nbytes, owner, rt, *, read_only=False, chunk=REGISTER_CHUNK):
     return Allocation(ptr, nbytes, "registered", owner=owner, _release=unregister)
 
 
-_state = {}
+_state: dict[str, Any] = {}  # "runtime": HostRuntime or None, "pool": PinnedPool or None
 _state_lock = threading.Lock()
 
 
-def runtime():
+def runtime() -> HostRuntime | None:
     """The process's ``HostRuntime``: CuPy's where CUDA is usable (else Numba's), ``None`` without CUDA."""
     with _state_lock:
         if "runtime" not in _state:
@@ -358,7 +363,7 @@ def runtime():
 
 
 @contextlib.contextmanager
-def use_runtime(rt):
+def use_runtime(rt: HostRuntime | None) -> Iterator[PinnedPool | None]:
     """Use ``rt`` (a :class:`HostRuntime`, or ``None`` for no CUDA) and a fresh pool inside the block.
 
     For runtimes other than the process's CUDA one, such as the Numba CUDA
@@ -380,7 +385,7 @@ def use_runtime(rt):
             temp.empty_cache()
 
 
-def pool():
+def pool() -> PinnedPool | None:
     """The process's ``PinnedPool`` (``None`` without CUDA)."""
     rt = runtime()
     with _state_lock:
@@ -389,12 +394,12 @@ def pool():
         return _state["pool"]
 
 
-def host_array(alloc, writable=True):
+def host_array(alloc: Allocation, writable: bool = True) -> np.ndarray:
     """A uint8 numpy array over an allocation's bytes; it keeps the allocation alive."""
     return host_view(alloc.ptr, alloc.nbytes, alloc, writable)
 
 
-def allocate(nbytes, *, pin="require", shared=False):
+def allocate(nbytes: int, *, pin: str | bool = "require", shared: bool = False) -> Allocation:
     """Fresh host memory for a unified tensor.
 
     Parameters
@@ -428,7 +433,7 @@ def allocate(nbytes, *, pin="require", shared=False):
         return Allocation(t.data_ptr(), nbytes, "host", owner=t)
     if rt is not None:
         try:
-            return pool().allocate(max(nbytes, 1))
+            return pool().allocate(max(nbytes, 1))  # type: ignore[union-attr]  # a runtime has a pool
         except PinError:
             if pin == "require":
                 raise
@@ -441,7 +446,7 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 _MADV_DONTNEED = 4
 
 
-def release_pages(allocation, start, stop):
+def release_pages(allocation: Allocation, start: int, stop: int) -> int:
     """Give the whole pages inside bytes ``[start, stop)`` of ``allocation`` back to the system; they read as
     zeros, and cost a page fault, when next written.  Only ordinary private host memory (kind ``"host"``,
     not shared) is given back: pinned, registered and shared memory keep their pages.  Returns the bytes

@@ -20,16 +20,23 @@ copied away from its sidecar is refused, not read in the wrong order) and says w
 a packed (renumbered) order that only the id map undoes.
 """
 
+from __future__ import annotations
+
 import fcntl
 import math
 import os
 import re
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING
 
 import numpy as np
 
 from directload.errors import DirectloadError
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 __all__ = ["CorruptFileError", "NpyHeader", "open_regular", "read_header", "header_bytes", "make_mark",
            "MAX_HEADER_BYTES"]
@@ -64,7 +71,7 @@ def _kind(mode):
     return "not a regular file"
 
 
-def open_regular(path, mode="rb"):
+def open_regular(path: os.PathLike[str] | str, mode: str = "rb") -> IO[bytes]:
     """``path`` opened (``"rb"`` or ``"r+b"``) when it is a regular file, else :class:`CorruptFileError`
     before a byte is read.
 
@@ -120,20 +127,20 @@ class NpyHeader:
     """
 
     dtype: np.dtype
-    shape: tuple
+    shape: tuple[int, ...]
     offset: int
     size: int
     fortran_order: bool
-    mark: dict
+    mark: dict[str, int | str | bool] | None
     device: int
     inode: int
 
     @property
-    def data_bytes(self):
+    def data_bytes(self) -> int:
         return self.size - self.offset
 
 
-def read_header(f, path):
+def read_header(f: IO[bytes], path: os.PathLike[str] | str) -> NpyHeader:
     """The :class:`NpyHeader` of the open ``.npy`` file ``f`` (read from its start), or
     :class:`CorruptFileError` naming ``path`` and what is wrong.
 
@@ -205,7 +212,7 @@ def _read_header_3(f):
     return impl(f, (3, 0))
 
 
-def make_mark(token, packed, version=2):
+def make_mark(token: str, packed: bool, version: int = 2) -> str:
     """The mark's text for :func:`header_bytes`.  Pure.
 
     Examples
@@ -218,7 +225,8 @@ def make_mark(token, packed, version=2):
     return f"# directload-store v{int(version)} token={token} packed={int(bool(packed))}"
 
 
-def header_bytes(np_dtype, shape, *, align=64, mark=None):
+def header_bytes(np_dtype: npt.DTypeLike, shape: Sequence[int], *, align: int = 64,
+                 mark: str | None = None) -> bytes:
     """A version-1.0 ``.npy`` header for a C-ordered ``shape`` array of ``np_dtype``, padded with spaces
     so the data starts at a multiple of ``align`` bytes, with ``mark`` (see :func:`make_mark`) after the
     dictionary.  Pure.

@@ -26,6 +26,11 @@ a CUDA op).  On a machine without CUDA, affinity ``cuda`` computes on the CPU.
 No rule copies the table: GPU computation reads it in place over PCIe.
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
 import numpy as np
 import torch
 
@@ -36,8 +41,15 @@ __all__ = ["AFFINITIES", "describe", "place", "compute_device", "index_device", 
 
 AFFINITIES = ("cuda", "host")
 
+if TYPE_CHECKING:
+    class _HasAffinity(Protocol):
+        """A table with an affinity (a unified tensor, or anything that says one)."""
 
-def describe(x):
+        @property
+        def affinity(self) -> str: ...
+
+
+def describe(x: object) -> tuple[str, Any] | None:
     """An operand as placement sees it: ``("unified", affinity)``, ``("cuda", device)``,
     ``("cpu", ndim)``, or ``None`` for non-tensors."""
     if not isinstance(x, torch.Tensor):
@@ -49,7 +61,7 @@ def describe(x):
     return ("cpu", x.dim())
 
 
-def place(described, *, has_cuda, current=0):
+def place(described: Iterable[tuple[str, Any] | None], *, has_cuda: bool, current: int = 0) -> torch.device:
     """Rules 3-5 on described operands (see :func:`describe`).  Pure.
 
     Examples
@@ -75,7 +87,7 @@ def place(described, *, has_cuda, current=0):
     return torch.device("cpu")  # rule 5
 
 
-def compute_device(operands, *, has_cuda):
+def compute_device(operands: Iterable[object], *, has_cuda: bool) -> torch.device:
     """The device an op over ``operands`` runs on (rules 3-5).
 
     Examples
@@ -88,7 +100,7 @@ def compute_device(operands, *, has_cuda):
     return place([describe(a) for a in operands], has_cuda=has_cuda, current=current)
 
 
-def index_device(table, index, *, has_cuda):
+def index_device(table: _HasAffinity, index: torch.Tensor, *, has_cuda: bool) -> torch.device:
     """The device a gather of ``table[index]`` runs on (rules 1-2).  Pure.
 
     Rule 1's "affinity ``cuda``" asks for a GPU result; where the gather then
@@ -164,7 +176,8 @@ METADATA_FUNCS = frozenset({
 HOST_FUNCS = frozenset({torch.Tensor.numpy, torch.Tensor.tolist, torch.Tensor.__array__})
 
 
-def write_target(func, args, kwargs):
+def write_target(func: Callable[..., object], args: Sequence[Any],
+                 kwargs: Mapping[str, Any]) -> tuple[torch.Tensor, Any, Any]:
     """(destination, value, index or None) of a write call."""
     if func is torch.Tensor.__setitem__:
         dst, key, value = args
@@ -191,7 +204,8 @@ _INPLACE_DUNDERS = frozenset({
 _NOT_WRITES = frozenset({"requires_grad_", "detach_", "retain_grad", "share_memory_", "pin_memory_"})
 
 
-def mutated_operands(func, args, kwargs):
+def mutated_operands(func: Callable[..., object], args: Sequence[Any],
+                     kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
     """The operands ``func(*args, **kwargs)`` writes to, by torch's naming rules.  Pure.
 
     In-place methods and functions end in ``_`` (``add_``, ``index_put_``,

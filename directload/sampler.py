@@ -1,7 +1,10 @@
 """directload's neighbour sampler: uniform (or weighted) picks without (or with) replacement, the same batch on any
 thread count and either device, over a :class:`~directload.graph.CSCGraph` where it lives."""
 
+from __future__ import annotations
+
 import threading
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,7 +89,7 @@ class HeteroSampledBatch:
     key: int
 
 
-def check_fanouts(fanouts, name="fanouts"):
+def check_fanouts(fanouts: Iterable[int], name: str = "fanouts") -> list[int]:
     """``fanouts`` as a list of ints (-1: all neighbours), or a ``ValueError``/``TypeError`` naming ``name``.
 
     Examples
@@ -137,7 +140,7 @@ def _seeds_array(seeds, num_nodes, what="seed"):
     return s
 
 
-def generator_state(generator):
+def generator_state(generator: torch.Generator | None) -> tuple[str, torch.Tensor] | None:
     """``generator`` (a ``torch.Generator`` or None) as something that pickles: its device and state.
 
     Examples
@@ -151,7 +154,7 @@ def generator_state(generator):
     return None if generator is None else (str(generator.device), generator.get_state())
 
 
-def generator_from(state):
+def generator_from(state: tuple[str, torch.Tensor] | None) -> torch.Generator | None:
     """The ``torch.Generator`` :func:`generator_state` saved (None for None)."""
     if state is None:
         return None
@@ -265,7 +268,9 @@ class NeighborSampler:
     True
     """
 
-    def __init__(self, graph, fanouts, *, replace=False, weighted=False, layout="pyg", device=None, generator=None):
+    def __init__(self, graph: CSCGraph, fanouts: Iterable[int], *, replace: bool = False, weighted: bool = False,
+                 layout: str = "pyg", device: torch.device | str | None = None,
+                 generator: torch.Generator | None = None) -> None:
         if not isinstance(graph, CSCGraph):
             raise TypeError(f"graph must be a directload.graph.CSCGraph, got {type(graph).__name__}")
         if graph.num_src_nodes != graph.num_nodes:
@@ -291,11 +296,11 @@ class NeighborSampler:
                 f"layout={self.layout!r}, device={str(self.device)!r}, backend={self.backend!r})")
 
     @property
-    def backend(self):
+    def backend(self) -> str:
         """``"cuda"`` (the GPU kernels) or ``"cpu"`` (the Numba twin)."""
         return "cuda" if self._gpu else "cpu"
 
-    def sample(self, seeds, *, key=None):
+    def sample(self, seeds: torch.Tensor | np.ndarray, *, key: int | None = None) -> SampledBatch:
         """Sample one batch around ``seeds`` (node ids; a repeated one keeps its place).
 
         Returns a :class:`SampledBatch` on the sampler's device.  ``key``
@@ -361,8 +366,10 @@ class HeteroNeighborSampler:
     ([0, 1], {'author': [0, 2], 'paper': [1, 0]})
     """
 
-    def __init__(self, graphs, num_nodes, fanouts, *, replace=False, weighted=False, layout="pyg", device=None,
-                 generator=None):
+    def __init__(self, graphs: dict[tuple[str, str, str], CSCGraph], num_nodes: Mapping[str, int],
+                 fanouts: dict[tuple[str, str, str], Iterable[int]], *, replace: bool = False,
+                 weighted: bool = False, layout: str = "pyg", device: torch.device | str | None = None,
+                 generator: torch.Generator | None = None) -> None:
         _check_layout(layout)
         if not isinstance(graphs, dict) or not graphs:
             raise TypeError("graphs must be a non-empty dict {(src, rel, dst): CSCGraph}")
@@ -407,7 +414,8 @@ class HeteroNeighborSampler:
                             for et, g in self.graphs.items()}
         return self._arrays
 
-    def sample(self, seeds, *, key=None):
+    def sample(self, seeds: dict[str, torch.Tensor | np.ndarray], *, key: int | None = None
+               ) -> HeteroSampledBatch:
         """Sample one batch around ``seeds``, ``{node_type: ids}``; returns a :class:`HeteroSampledBatch`."""
         if not isinstance(seeds, dict) or not seeds:
             raise TypeError("seeds must be a non-empty dict {node_type: ids}")
@@ -425,7 +433,7 @@ class HeteroNeighborSampler:
                 buf[t] = np.empty(s.size, np.int64)
                 count[t] = cpu.place_seeds(buf[t], marks[t], s)
             nn = {t: [count[t]] for t in self.num_nodes}
-            ne = {et: [] for et in self.graphs}
+            ne: dict[tuple[str, str, str], list[int]] = {et: [] for et in self.graphs}
             hops, start = [], {t: 0 for t in self.num_nodes}
             for hop in range(self.num_hops):
                 end = dict(count)

@@ -33,6 +33,9 @@ The protocol, per ``key`` (one table of one job on one node):
   header is checked field by field, its sizes against the file's, before anything maps it.
 """
 
+from __future__ import annotations
+
+import contextlib
 import errno
 import fcntl
 import json
@@ -40,38 +43,45 @@ import math
 import mmap
 import os
 import re
-import stat
 import struct
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from directload.errors import DirectloadError
 
+from . import shm
 from .flocks import LockTimeout, describe_holders, holders, wait_lock
 from .memory import resolve_pin
 from .npy import open_regular, read_header
+from .shm import SHM_DIR
 from .unified import to_unified
 from .units import check_int, format_size
 
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from .unified import UnifiedTensor
+
+    #: What a shared table's rows may come from: a CPU tensor or array, or a ``.npy`` file.
+    _Rows: TypeAlias = torch.Tensor | np.ndarray | os.PathLike[str] | str
+
 __all__ = ["shared_table", "SharedTableError", "SharedTableTimeout", "SHM_DIR", "PREFIX"]
 
-#: Where tables go by default: the tmpfs POSIX shared memory lives in.
-SHM_DIR = "/dev/shm"
-#: The start of every name this module creates there (nothing else there is touched).
-PREFIX = "directload-shared-"
+#: The start of every name this module creates in :data:`SHM_DIR` (nothing else there is touched).
+PREFIX = shm.PREFIX + "shared-"
 _MAGIC = b"DLSHARE1"
 _HEADER = 4096  # magic, the count of processes attached, the JSON header's length, the JSON; data after it
 _COUNT = struct.Struct("<q")
-_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
 _TEMP = re.compile(r".*\.partial\.\d+\.[0-9a-f]{8}")
 _CHUNK = 64 << 20
 _NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-_PID_MAX = 1 << 22  # Linux's largest pid_max
 _COUNTING = threading.Lock()  # lockf's record locks are the process's: threads of one process take turns here
 
 
@@ -122,7 +132,9 @@ class _Meta:
     ranks: object  # None or int >= 1
 
 
-def shared_table(key, source=None, *, ranks=None, affinity="cuda", pin="auto", timeout=600.0, directory=None):
+def shared_table(key: str, source: _Rows | Callable[[], _Rows] | None = None, *, ranks: int | None = None,
+                 affinity: str = "cuda", pin: str | bool = "auto", timeout: float = 600.0,
+                 directory: os.PathLike[str] | str | None = None) -> UnifiedTensor:
     """The table ``source`` as a read-only unified tensor in shared memory, one copy for every process of
     the node that calls this with the same ``key``.
 
@@ -210,45 +222,16 @@ def shared_table(key, source=None, *, ranks=None, affinity="cuda", pin="auto", t
     return _attach(fd, final, key, declared, ranks, affinity, pin, wait)
 
 
-def sweep(directory=SHM_DIR):
+def sweep(directory: os.PathLike[str] | str = SHM_DIR) -> list[str]:
     """Remove the tables and partial files of ours in ``directory`` that no process holds (left by
     processes that were killed); returns their names.  Only regular files of this user's that carry our
     magic are touched (an empty one only under a writer's first name): a link is never followed, a FIFO or
     a device never opened, and nothing else is ever removed."""
-    gone = []
-    try:
-        names = sorted(n for n in os.listdir(directory) if n.startswith(PREFIX))
-    except OSError:
-        return gone
-    for name in names:
-        path = os.path.join(directory, name)
-        try:
-            fd = _open_regular(path)
-        except (SharedTableError, OSError):
-            continue  # not ours: never touched
-        if fd is None:
-            continue
-        try:
-            if not _looks_ours(fd, name) or _temp_of_live_writer(name):
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # in use, or being written
-            if _writer_alive(fd):
-                continue  # just published: its writer is between its exclusive lock and its shared one
-            if _same_file(path, fd):
-                os.unlink(path)
-                gone.append(name)
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-    return gone
+    return shm.sweep(directory, PREFIX, ours=_sweepable, owner_alive=_writer_alive)
 
 
 def _check_key(key):
-    if not isinstance(key, str) or not _KEY.fullmatch(key) or key.endswith(".partial") or ".partial." in key:
+    if not shm.valid_name(key, 200) or key.endswith(".partial") or ".partial." in key:
         raise ValueError(f"key must be 1-200 letters, digits, '_', '.' or '-' (starting with a letter or digit), "
                          f"got {key!r}")
     return key
@@ -296,39 +279,13 @@ def _declared(source):
 
 
 def _open_regular(path, write=False):
-    """``path`` opened when it is a regular file of this user's: never through a link and never blocking (a
-    FIFO or a device is not even opened); None where nothing (or, after a race, something else) has that
-    name.  SharedTableError for anything else there."""
-    try:
-        before = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    _check_regular(before, path)
-    try:
-        fd = os.open(path, (os.O_RDWR if write else os.O_RDONLY) | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    try:
-        now = os.fstat(fd)
-        _check_regular(now, path)
-    except BaseException:
-        os.close(fd)
-        raise
-    if (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino):  # replaced meanwhile: the caller looks again
-        os.close(fd)
-        return None
-    return fd
+    """``path`` opened when it is a regular file of this user's (:func:`directload.shm.open_ours`); None where
+    nothing (or, after a race, something else) has that name.  SharedTableError for anything else there."""
+    return shm.open_ours(path, os.O_RDWR if write else os.O_RDONLY, refuse=_not_ours)
 
 
-def _check_regular(st, path):
-    if not stat.S_ISREG(st.st_mode):
-        what = f"not a regular file ({stat.filemode(st.st_mode)})"
-    elif st.st_uid != os.geteuid():
-        what = f"owned by uid {st.st_uid}, not by this user"
-    else:
-        return
-    raise SharedTableError(f"{path} is {what}, so not a shared table of ours: remove it if it is not another "
-                           "program's")
+def _not_ours(what):
+    return SharedTableError(f"{what}, so not a shared table of ours: remove it if it is not another program's")
 
 
 def _looks_ours(fd, name):
@@ -336,7 +293,12 @@ def _looks_ours(fd, name):
     write); only names with our prefix get here."""
     if os.fstat(fd).st_size == 0:
         return _TEMP.fullmatch(name) is not None
-    return os.pread(fd, len(_MAGIC), 0) == _MAGIC
+    return shm.has_magic(fd, _MAGIC)
+
+
+def _sweepable(fd, name):
+    """Whether :func:`sweep` may remove the file ``name`` open as ``fd`` once no process holds it."""
+    return _looks_ours(fd, name) and not _temp_of_live_writer(name)
 
 
 def _temp_of_live_writer(name):
@@ -345,19 +307,7 @@ def _temp_of_live_writer(name):
     parts = name.rsplit(".", 3)
     if len(parts) != 4 or parts[1] != "partial" or not parts[2].isdigit():
         return False
-    return _alive(int(parts[2]))
-
-
-def _alive(pid):
-    if not 0 < pid < _PID_MAX:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # alive, another user's
-    return True
+    return shm.alive(int(parts[2]))
 
 
 def _writer_alive(fd):
@@ -367,7 +317,7 @@ def _writer_alive(fd):
         meta = _parse_meta(os.pread(fd, _HEADER, 0), os.fstat(fd).st_size)
     except ValueError:
         return False  # no whole header: its writer died before writing one (its lock is free)
-    return _alive(meta.creator)
+    return shm.alive(meta.creator)
 
 
 def _writer_of(final):
@@ -382,14 +332,6 @@ def _writer_of(final):
         return describe_holders(holders(fd, kind="FLOCK"))
     finally:
         os.close(fd)
-
-
-def _same_file(path, fd):
-    try:
-        a, b = os.stat(path, follow_symlinks=False), os.fstat(fd)
-    except FileNotFoundError:
-        return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def _lock(fd, key, path, wait, *, exclusive=True, span=None):
@@ -445,8 +387,9 @@ def _create_files(final, key, source, declared, ranks, wait):
             _lock(fd, key, temp, wait)  # before it has its partial name: seen unlocked only when its writer died
             os.pwrite(fd, _MAGIC, 0)
             os.link(temp, partial)
-        finally:
-            _remove(temp)  # this process's own name (its pid, a random part, made here): gone on every path
+        finally:  # this process's own name (its pid, a random part, made here): gone on every path
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
     except FileExistsError:
         os.close(fd)
         return _writer_died(partial)
@@ -457,14 +400,14 @@ def _create_files(final, key, source, declared, ranks, wait):
         _write(fd, key, source, declared, final, ranks)
         os.link(partial, final)  # published whole, or not at all, and never over a table published meanwhile
     except FileExistsError:
-        _unlink_if(partial, fd)  # another writer published first (we took the partial name after it): use its
+        shm.unlink_if_same(partial, fd)  # another writer published first (we took the partial name after it): use its
         os.close(fd)
         return None
     except BaseException:
-        _unlink_if(partial, fd)
+        shm.unlink_if_same(partial, fd)
         os.close(fd)
         raise
-    _unlink_if(partial, fd)
+    shm.unlink_if_same(partial, fd)
     try:
         _lock(fd, key, final, wait, exclusive=False)
     except BaseException:
@@ -483,29 +426,13 @@ def _writer_died(partial):
     if fd is None:
         return None
     try:
-        if os.pread(fd, len(_MAGIC), 0) != _MAGIC:
+        if not shm.has_magic(fd, _MAGIC):
             raise SharedTableError(f"{partial} does not start with directload's mark, so not a partial table of "
                                    "ours: remove it if it is not another program's")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return None  # alive and writing
-        _unlink_if(partial, fd)
+        shm.drop_unheld(partial, fd)  # held: alive and writing
     finally:
         os.close(fd)
     return None
-
-
-def _remove(path):
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _unlink_if(path, fd):
-    if _same_file(path, fd):
-        _remove(path)
 
 
 def _no_room(directory, key, need, at_least=False):
@@ -634,7 +561,8 @@ def _parse_meta(head, size, key=None):
     if not _is_count(nbytes, 0) or nbytes != dtype.itemsize * math.prod(shape) or size != _HEADER + nbytes:
         raise ValueError(f"its sizes do not match the file's {size} bytes")
     ranks = meta.get("ranks")
-    if not _is_count(meta["creator"], 1) or meta["creator"] >= _PID_MAX or not (ranks is None or _is_count(ranks, 1)):
+    if (not _is_count(meta["creator"], 1) or meta["creator"] >= shm.PID_MAX
+            or not (ranks is None or _is_count(ranks, 1))):
         raise ValueError("its creator or ranks are not counts")
     return _Meta(dtype, tuple(shape), nbytes, meta["creator"], ranks)
 
@@ -654,7 +582,7 @@ def _count_in(fd, final, key, ranks, wait):
                                        "another program's")
             os.pwrite(fd, _COUNT.pack(n + 1), 8)
             if ranks is not None and n + 1 >= ranks:
-                _unlink_if(final, fd)
+                shm.unlink_if_same(final, fd)
         finally:
             fcntl.lockf(fd, fcntl.LOCK_UN, _COUNT.size, 8)
     finally:
@@ -668,11 +596,7 @@ def _let_go(fd, final, pid):
         if os.getpid() != pid:
             return
         fcntl.flock(fd, fcntl.LOCK_UN)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return  # others hold it
-        _unlink_if(final, fd)
+        shm.drop_unheld(final, fd)  # the last to let go removes it; others hold it while they map it
     except OSError:
         pass
     finally:

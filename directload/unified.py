@@ -1,6 +1,10 @@
 """The unified tensor: host memory both CPU and GPU read, with an affinity that places computation."""
 
+from __future__ import annotations
+
 import warnings
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import numpy as np
 import torch
@@ -25,6 +29,12 @@ from .placement import (
     mutated_operands,
     write_target,
 )
+
+if TYPE_CHECKING:
+    class _Watch(Protocol):
+        """A mapped file's size check (:class:`directload.files.FileWatch`)."""
+
+        def check(self) -> None: ...
 
 __all__ = ["UnifiedTensor", "ClosedError", "to_unified", "empty", "zeros", "ones", "is_unified", "host_of"]
 
@@ -69,6 +79,16 @@ class UnifiedTensor(torch.Tensor):
     """
 
     is_unified = True
+    # set by _wrap: the host view (None once closed: _live_host() raises), the memory behind it, and how to
+    # rebuild it elsewhere
+    _host: torch.Tensor
+    _alloc: memory.Allocation
+    _affinity: str
+    _read_only: bool
+    _origin: tuple[str, Any] | None
+    _file_watch: _Watch | None
+    _closed: bool
+    _cuda: torch.Tensor | None
 
     @staticmethod
     def _wrap(host, alloc, affinity, read_only=False, origin=None, file_watch=None):
@@ -91,7 +111,7 @@ class UnifiedTensor(torch.Tensor):
             raise ClosedError("this unified tensor was closed; create a new one")
         return host
 
-    def check_backing(self):
+    def check_backing(self) -> torch.Tensor:
         """Raise if the memory behind this tensor is gone or has changed under it.
 
         :class:`ClosedError` after :meth:`close`; for a table mapped from a file,
@@ -106,28 +126,28 @@ class UnifiedTensor(torch.Tensor):
 
     # -- properties -----------------------------------------------------------------
     @property
-    def affinity(self):
+    def affinity(self) -> str:
         """``"cuda"`` or ``"host"``: the device computation prefers."""
         return self._affinity
 
     @property
-    def memory_kind(self):
+    def memory_kind(self) -> str:
         """``"pinned-mapped"``, ``"registered"`` or ``"host"`` (no pinning)."""
         return self._alloc.kind
 
     @property
-    def allocation(self):
+    def allocation(self) -> memory.Allocation:
         """The :class:`directload.memory.Allocation` behind the bytes."""
         self._check_open()
         return self._alloc
 
     @property
-    def read_only(self):
+    def read_only(self) -> bool:
         """Whether writes and in-place ops raise ``PermissionError``."""
         return self._read_only
 
     @property
-    def host(self):
+    def host(self) -> torch.Tensor:
         """A plain CPU tensor over the same bytes (zero-copy; keeps the bytes alive).
 
         It is an ordinary tensor: nothing checks what is done with it.  Writes
@@ -138,7 +158,7 @@ class UnifiedTensor(torch.Tensor):
         """
         return self._live_host()
 
-    def cuda_view(self, device=None):
+    def cuda_view(self, device: torch.device | str | None = None) -> torch.Tensor:
         """A plain CUDA tensor over the same bytes, read zero-copy over PCIe.
 
         Any stock torch CUDA op can take it (PyTorch-Direct's "PyD Naive" path).
@@ -164,7 +184,7 @@ class UnifiedTensor(torch.Tensor):
             self._cuda = flat.view(self.dtype).view(self.shape)
         return self._cuda
 
-    def with_affinity(self, affinity):
+    def with_affinity(self, affinity: str) -> UnifiedTensor:
         """The same bytes with another affinity (a view; no data moves)."""
         self._check_open()
         _check_affinity(affinity)
@@ -172,12 +192,12 @@ class UnifiedTensor(torch.Tensor):
                                    self._file_watch)
 
     @property
-    def compute_device(self):
+    def compute_device(self) -> torch.device:
         """Where this tensor's affinity runs computation on this machine."""
         return compute_device([self], has_cuda=_has_cuda())
 
     # -- lifetime -----------------------------------------------------------------
-    def close(self):
+    def close(self) -> None:
         """Drop this tensor's hold on the memory (idempotent).
 
         The memory is freed (returned to the pinned pool) or unregistered exactly
@@ -190,9 +210,9 @@ class UnifiedTensor(torch.Tensor):
         with torch._C.DisableTorchFunctionSubclass():
             torch.Tensor.set_(self, torch.empty(0, dtype=self.dtype))
         self._host = self._cuda = None
-        self._alloc = _Closed(self._alloc.kind)
+        self._alloc = _Closed(self._alloc.kind)  # type: ignore[assignment]  # closed: only its kind is left
 
-    def set_(self, *args, **kwargs):
+    def set_(self, *args: object, **kwargs: object) -> NoReturn:
         """Refused: a unified tensor's bytes are fixed (torch does not route ``set_`` through
         ``__torch_function__``, so it is overridden here)."""
         raise TypeError("set_() would swap the memory of a unified tensor, whose bytes are fixed (registered or "
@@ -425,7 +445,8 @@ def _from_allocation(alloc, dtype, shape, affinity, *, writable=True, origin=Non
     return UnifiedTensor._wrap(host, alloc, affinity, read_only=not writable, origin=origin)
 
 
-def empty(shape, *, dtype=torch.float32, affinity="cuda", pin="require", shared=False):
+def empty(shape: int | Sequence[int], *, dtype: torch.dtype = torch.float32, affinity: str = "cuda",
+          pin: str | bool = "require", shared: bool = False) -> UnifiedTensor:
     """A new uninitialised unified tensor.
 
     Parameters
@@ -458,11 +479,12 @@ def empty(shape, *, dtype=torch.float32, affinity="cuda", pin="require", shared=
     pin = memory.resolve_pin(pin)
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     alloc = memory.allocate(memory.nbytes_of(shape, dtype), pin=pin, shared=shared)
-    origin = ("shared", alloc.owner.view(-1)) if shared else None
+    origin = ("shared", alloc.owner.view(-1)) if shared else None  # type: ignore[attr-defined]  # owner: a tensor
     return _from_allocation(alloc, dtype, shape, affinity, origin=origin)
 
 
-def zeros(shape, *, dtype=torch.float32, affinity="cuda", pin="require", shared=False):
+def zeros(shape: int | Sequence[int], *, dtype: torch.dtype = torch.float32, affinity: str = "cuda",
+          pin: str | bool = "require", shared: bool = False) -> UnifiedTensor:
     """A new unified tensor of zeros (see :func:`empty`).
 
     Examples
@@ -476,7 +498,8 @@ def zeros(shape, *, dtype=torch.float32, affinity="cuda", pin="require", shared=
     return t
 
 
-def ones(shape, *, dtype=torch.float32, affinity="cuda", pin="require", shared=False):
+def ones(shape: int | Sequence[int], *, dtype: torch.dtype = torch.float32, affinity: str = "cuda",
+         pin: str | bool = "require", shared: bool = False) -> UnifiedTensor:
     """A new unified tensor of ones (see :func:`empty`).
 
     Examples
@@ -490,7 +513,8 @@ def ones(shape, *, dtype=torch.float32, affinity="cuda", pin="require", shared=F
     return t
 
 
-def to_unified(data, affinity="cuda", *, copy=False, pin="require", read_only=None):
+def to_unified(data: torch.Tensor | np.ndarray, affinity: str = "cuda", *, copy: bool = False,
+               pin: str | bool = "require", read_only: bool | None = None) -> UnifiedTensor:
     """Make a unified tensor of ``data``.
 
     Parameters
@@ -589,7 +613,7 @@ def to_unified(data, affinity="cuda", *, copy=False, pin="require", read_only=No
     return UnifiedTensor._wrap(host, alloc, affinity, read_only=not writable, origin=origin)
 
 
-def is_unified(x):
+def is_unified(x: object) -> bool:
     """Whether ``x`` is a :class:`UnifiedTensor`.
 
     Examples
@@ -603,7 +627,7 @@ def is_unified(x):
 
 #: Maps a file as a unified tensor (``directload.files.from_file``, which builds on this module and sets
 #: this when it is imported, as ``import directload`` does).
-_open_file = None
+_open_file: Callable[..., UnifiedTensor] | None = None
 
 
 def _rebuild(origin, affinity, dtype, shape):

@@ -2,7 +2,11 @@
 every budget: caches, staging, memory caps) and whole-number settings (batch sizes, look-ahead, queue depths,
 epochs)."""
 
+from __future__ import annotations
+
 import re
+from collections.abc import Collection
+from typing import Any, overload
 
 import numpy as np
 
@@ -12,7 +16,7 @@ _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(?:i?[bB])?\s*")
 
 
-def parse_size(text, *, allow_zero=False):
+def parse_size(text: str, *, allow_zero: bool = False) -> int:
     """Bytes in ``"1.5G"``, ``"768M"``, ``"4096"`` (K, M, G, T are powers of 1024; ``B``/``iB`` optional).
     Pure.
 
@@ -34,7 +38,7 @@ def parse_size(text, *, allow_zero=False):
     return value
 
 
-def format_size(nbytes):
+def format_size(nbytes: float) -> str:  # type: ignore[return]  # its loop returns at TiB
     """``nbytes`` for a message, in the largest of B, KiB, MiB, GiB and TiB that leaves at least 1 (two
     decimals above bytes), so that a tiny size never reads as ``0.00 GiB``.  Pure.
 
@@ -52,7 +56,7 @@ def format_size(nbytes):
             return f"{nbytes:.2f} {unit}"
 
 
-def check_bytes(name, value):
+def check_bytes(name: str, value: int | np.integer | str) -> int:
     """``value`` as an int number of bytes >= 0: an integer, or a size string (:func:`parse_size`);
     ``ValueError`` naming ``name`` for anything else (booleans, empty strings, floats, negatives).
 
@@ -72,7 +76,17 @@ def check_bytes(name, value):
     return int(value)
 
 
-def check_int(name, value, *, low=1, high=None, also=()):
+@overload
+def check_int(name: str, value: Any, *, low: int = 1, high: int | None = None) -> int: ...
+
+
+@overload
+def check_int(name: str, value: Any, *, low: int = 1, high: int | None = None,
+              also: Collection[str]) -> int | str: ...
+
+
+def check_int(name: str, value: Any, *, low: int = 1, high: int | None = None,
+              also: Collection[str] = ()) -> int | str:
     """``value`` when it is a whole number in ``[low, high]`` (or one of ``also``, e.g. ``"auto"``), else the one
     ``ValueError`` naming ``name``.  Booleans are refused (``True`` is not a batch size).
 

@@ -1,5 +1,7 @@
 """The public row gather: validation, backend choice, and the async/sync ladder."""
 
+from __future__ import annotations
+
 import atexit
 import functools
 import importlib
@@ -8,7 +10,9 @@ import os
 import threading
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -26,6 +30,9 @@ from .tune_keys import key_for
 from .tuner import get_tuner
 from .variants import Variant, candidates, legal_width
 
+if TYPE_CHECKING:
+    from .bounds import DeviceBounds
+
 __all__ = ["gather", "gather_async", "GatherFuture", "resolve_backend", "check_devices", "check_no_overlap",
            "launcher", "BACKENDS"]
 
@@ -35,20 +42,22 @@ _GPU_BACKENDS = ("numba_cuda", "cupy")
 POOL_BYTES = 1 << 20
 # The bit-carrier dtype of each element size: the gather copies bits, so every
 # dtype of one size (fp16, bf16, int16) shares one kernel specialisation.
-_CARRIER = {size: getattr(torch, CARRIERS[size].torch) for size in ELEMENT_SIZES}
+# (Every element size's carrier has a torch name: only the 16-byte vector unit has none.)
+_CARRIER = {size: getattr(torch, CARRIERS[size].torch) for size in ELEMENT_SIZES}  # type: ignore[arg-type]
 # Every backend module exports ``launch(src, index, out, *, aligned, stream) -> int`` (see
 # kernels.cpu.launch); the GPU ones import Numba CUDA or CuPy, so they load on first use.
 BACKEND_MODULES = {"cpu": ".cpu", **gpu_path.BACKEND_MODULES}
 
 
-def launcher(name):
+def launcher(name: str) -> Callable[..., int]:
     """The ``launch`` function of backend ``name`` (``"cpu"``, ``"numba_cuda"`` or ``"cupy"``)."""
     if name == "cpu":
         return cpu.launch
     return importlib.import_module(BACKEND_MODULES[name], __package__).launch
 
 
-def resolve_backend(requested, index_on_cuda, src_location, *, has_cupy, has_numba_cuda):
+def resolve_backend(requested: str, index_on_cuda: bool, src_location: str, *, has_cupy: bool | str,
+                    has_numba_cuda: bool | str) -> str:
     """Pick the backend for one gather.  Pure; raises on an impossible combination.
 
     Parameters
@@ -59,8 +68,9 @@ def resolve_backend(requested, index_on_cuda, src_location, *, has_cupy, has_num
         Whether the index is a CUDA tensor (this decides CPU vs GPU kernel).
     src_location : {"host", "mapped", "cuda"}
         Pageable host memory, pinned GPU-mapped host memory, or device memory.
-    has_cupy, has_numba_cuda : bool
-        What the machine offers for GPU launches.
+    has_cupy, has_numba_cuda : bool or str
+        What the machine offers for GPU launches (truth values: :func:`~directload.capabilities.capabilities`
+        gives version strings, ``""`` for none).
 
     Returns
     -------
@@ -160,7 +170,7 @@ def _check_src(src):
                          "gather never makes silently; call .contiguous() once up front")
 
 
-def check_devices(index_device, src_location, src_device):
+def check_devices(index_device: torch.device, src_location: str, src_device: torch.device) -> None:
     """Raise ``ValueError`` when a CUDA index and CUDA ``src`` sit on different devices.
 
     Mapped host memory is readable from every device (portable), so only
@@ -184,7 +194,7 @@ def _check_out(out, shape, src, on_cuda, device):
         raise ValueError("out must be contiguous")
 
 
-def check_no_overlap(out, src, index):
+def check_no_overlap(out: torch.Tensor, src: torch.Tensor, index: torch.Tensor) -> None:
     """Raise ``ValueError`` when ``out`` shares memory with ``src`` or ``index``.
 
     The kernel would read what it has just written: rows of ``src`` already
@@ -233,44 +243,46 @@ class GatherFuture:
 
     __slots__ = ("_result", "_out", "_stream", "_bounds", "_stamp")
 
-    def __init__(self, result, out, stream=None, bounds=None, stamp=0):
+    def __init__(self, result: Future[torch.Tensor] | None, out: torch.Tensor, stream: torch.cuda.Stream | None = None,
+                 bounds: DeviceBounds | None = None, stamp: int = 0) -> None:
+        # A GPU gather's future has both ``stream`` and ``bounds``; a CPU gather's neither.
         self._result = result
         self._out = out
         self._stream = stream  # the CUDA stream a GPU gather was launched on
         self._bounds = bounds
         self._stamp = stamp
 
-    def wait(self):
+    def wait(self) -> torch.Tensor:
         """Finish the gather and return its output tensor."""
         if self._stream is not None:
             current = torch.cuda.current_stream(self._out.device)
             if current.cuda_stream != self._stream.cuda_stream:
                 # An event recorded now follows the kernel (and what came after it on that stream).
                 current.wait_event(self._stream.record_event())
-            self._bounds.raise_for(self._stamp)
+            self._bounds.raise_for(self._stamp)  # type: ignore[union-attr]  # set with _stream
         elif self._result is not None:
             self._result.result()  # re-raises the worker's exception, traceback intact
         return self._out
 
-    def done(self):
+    def done(self) -> bool:
         """Whether the gather has finished (never blocks)."""
         if self._stream is not None:
             if not self._stream.query():  # the stream's work so far, this gather included
                 return False
-            self._bounds.raise_for(self._stamp)
+            self._bounds.raise_for(self._stamp)  # type: ignore[union-attr]  # set with _stream
             return True
         if self._result is not None:
             return self._result.done()
         return True
 
-    def check(self):
+    def check(self) -> torch.Tensor:
         """Wait (on the host) for the gather to finish and raise ``IndexError`` if an id was out of range.
 
         The one way to be sure of a CUDA gather's ids before using its rows; a sync.  Returns the output.
         """
         if self._stream is not None:
             self._stream.record_event().synchronize()
-            self._bounds.raise_for(self._stamp)
+            self._bounds.raise_for(self._stamp)  # type: ignore[union-attr]  # set with _stream
             return self._out
         return self.wait()
 
@@ -299,7 +311,7 @@ def _cpu_pool():
         return _pool
 
 
-_views = {}
+_views: dict[int, tuple[weakref.ref[torch.Tensor], torch.Size, torch.dtype, tuple[torch.Tensor, int]]] = {}
 
 
 def _host_bits(t):
@@ -438,8 +450,9 @@ def _run_cpu(src, index, out, aligned, fresh_out):
     return _cpu_kernel(_host_bits(src), index, out, _fresh_bits(out) if fresh_out else _host_bits(out), aligned)
 
 
-def gather_async(src, index, *, out=None, backend="auto", aligned=True, background=False, variant=None,
-                 strict=False):
+def gather_async(src: torch.Tensor, index: torch.Tensor | np.ndarray, *, out: torch.Tensor | None = None,
+                 backend: str = "auto", aligned: bool = True, background: bool = False,
+                 variant: Variant | str | None = None, strict: bool = False) -> GatherFuture:
     """Start ``out[i] = src[index[i]]`` and return a :class:`GatherFuture`.
 
     Same arguments, checks and memory contract as :func:`gather`, which is
@@ -449,7 +462,7 @@ def gather_async(src, index, *, out=None, backend="auto", aligned=True, backgrou
     CPU gather runs at once on the caller's thread, or on a worker thread with
     ``background=True`` (see :class:`GatherFuture`).
     """
-    if type(index) is torch.Tensor and index.is_cuda:
+    if type(index) is torch.Tensor and index.is_cuda:  # type: ignore[union-attr]  # a tensor: type() just said so
         if not (background or strict or out is not None) and backend == "auto":
             done = _gather_gpu_fast(src, index, aligned, variant)
             if done is not None:
@@ -540,7 +553,7 @@ def _tuned(table, n, out_ptr):
     return tuner.choose(key, candidates(table.row_bytes, table.ptr, out_ptr), run)
 
 
-def vector_units(row_bytes, src_addr, out_addr):
+def vector_units(row_bytes: int, src_addr: int, out_addr: int) -> bool:
     """Whether the aligned GPU kernel may read 16-byte units (CUDA ``uint4`` vector loads).
 
     Every row must start and end on a 16-byte boundary in both tables: rows a
@@ -561,7 +574,9 @@ def _gpu_bits(t, rows, vector):
     return _bits(t, rows)
 
 
-def gather(src, index, *, out=None, backend="auto", aligned=True, variant=None, strict=False):
+def gather(src: torch.Tensor, index: torch.Tensor | np.ndarray, *, out: torch.Tensor | None = None,
+           backend: str = "auto", aligned: bool = True, variant: Variant | str | None = None,
+           strict: bool = False) -> torch.Tensor:
     """Gather rows: ``out[i] = src[index[i]]``, bit-exact.
 
     Parameters
@@ -647,6 +662,6 @@ def gather(src, index, *, out=None, backend="auto", aligned=True, variant=None, 
     """
     future = gather_async(src, index, out=out, backend=backend, aligned=aligned, variant=variant, strict=strict)
     if future._stream is not None:  # launched on this thread's current stream: ordered already
-        future._bounds.raise_for(future._stamp)
+        future._bounds.raise_for(future._stamp)  # type: ignore[union-attr]  # set with _stream
         return future._out
     return future.wait()

@@ -17,6 +17,8 @@ the clamped rows are in the output: a gather whose result is used before any lat
 that device can only learn of a bad id through ``check()`` or ``strict=True``.
 """
 
+from __future__ import annotations
+
 import itertools
 import os
 import threading
@@ -51,16 +53,16 @@ class DeviceBounds:
     IndexError: index 9 is out of range for 5 rows (valid 0..4) (at position 1)
     """
 
-    def __init__(self, word):
+    def __init__(self, word: torch.Tensor) -> None:
         self.word = word
         self.ptr = word.data_ptr()
         self._host = word.numpy()  # reads the pinned word as plain memory: no CUDA call
         self._stamps = itertools.count(1)
         self._reported = 0
-        self._recent = OrderedDict()
+        self._recent: OrderedDict[int, tuple[torch.Tensor, int]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def stamp(self, index, n_rows):
+    def stamp(self, index: torch.Tensor, n_rows: int) -> int:
         """A new stamp for a launch over ``index`` (``n_rows`` rows)."""
         stamp = next(self._stamps)
         with self._lock:
@@ -69,13 +71,13 @@ class DeviceBounds:
                 self._recent.popitem(last=False)
         return stamp
 
-    def raise_pending(self):
+    def raise_pending(self) -> None:
         """Raise the ``IndexError`` of a launch that read a bad id since the last report, if the word shows one."""
         seen = self._host[0]  # a numpy read of host memory
         if seen > self._reported:
             self._report(seen)
 
-    def raise_for(self, stamp):
+    def raise_for(self, stamp: int) -> None:
         """Raise if the launch of ``stamp`` read a bad id, as far as the word shows now."""
         seen = self._host[0]
         if seen == stamp:
@@ -118,11 +120,11 @@ def _error(record):
     return out_of_range(value, n_rows, position=position)
 
 
-_devices = {}
+_devices: dict[int, DeviceBounds] = {}
 _devices_lock = threading.Lock()
 
 
-def bounds_for(device_index):
+def bounds_for(device_index: int) -> DeviceBounds:
     """The :class:`DeviceBounds` of CUDA device ``device_index`` (made once per process)."""
     found = _devices.get(device_index)
     if found is None:

@@ -7,6 +7,8 @@ the CPU kernels (numpy), the bit views of tensors (torch), zero-copy views
 (``__cuda_array_interface__``) and the CUDA C kernels (C++).
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass
 
 __all__ = ["Carrier", "CARRIERS", "ELEMENT_SIZES"]
@@ -33,8 +35,8 @@ class Carrier:
     True
     """
 
-    numpy: str    # numpy dtype name (None: no host view)
-    torch: str    # torch dtype name (None: no host view)
+    numpy: str | None  # numpy dtype name (None: no host view)
+    torch: str | None  # torch dtype name (None: no host view)
     typestr: str  # __cuda_array_interface__ typestr
     cxx: str      # C++ type in kernels/cuda/gather.cu
 

@@ -20,6 +20,8 @@ Every kernel checks the whole index before it writes: one call checks and
 copies, and an index out of range leaves the output untouched.
 """
 
+from __future__ import annotations
+
 import contextlib
 import ctypes
 import functools
@@ -27,7 +29,9 @@ import os
 import re
 import struct
 import threading
+from collections.abc import Callable, Sequence
 from types import FunctionType
+from typing import TYPE_CHECKING
 
 import numba
 import numpy as np
@@ -41,6 +45,9 @@ from . import forks
 from .carriers import CARRIERS, ELEMENT_SIZES
 from .indexing import naive_element
 from .operands import check_launch, check_readable
+
+if TYPE_CHECKING:
+    from numba.core.typing.templates import Signature
 
 __all__ = ["launch", "first_invalid", "prefetch", "set_num_threads", "get_num_threads", "set_team", "team",
            "wait_policy", "LIBGOMP_SPINS", "prepare", "ready", "note_fallback", "LOAD_AFTER_S",
@@ -62,7 +69,8 @@ SERIAL_BYTES = 256 * 1024
 # ---------------------------------------------------------------- LLVM helpers
 
 @intrinsic
-def prefetch(typingctx, table, row, offset):
+def prefetch(typingctx: object, table: types.Array, row: types.Integer,
+             offset: types.Integer) -> tuple[Signature, Callable[..., object]]:
     """``llvm.prefetch`` (read, keep in all levels) of byte ``offset`` of ``table[row]``."""
     def codegen(context, builder, signature, args):
         aty = signature.args[0]
@@ -133,7 +141,7 @@ def _call_void(typingctx, address):
 # ---------------------------------------------------------------- the row code, shared by every launch
 
 @njit(nogil=True, cache=True)
-def first_invalid(idx, n_rows):
+def first_invalid(idx: np.ndarray, n_rows: int) -> int:
     """Position of the first index outside ``[0, n_rows)``, or -1 when all are valid."""
     for i in range(idx.shape[0]):
         v = idx[i]
@@ -319,12 +327,12 @@ def _torch_openmp():
     return None
 
 
-_team = None
+_team: str | None = None
 
 
 
 
-def set_team(name):
+def set_team(name: str) -> None:
     """Run parallel CPU gathers on ``"torch"``'s OpenMP team (the default where it exists)
     or on ``"numba"``'s threading layer.  Raises ``RuntimeError`` for "torch" without one."""
     global _team
@@ -335,7 +343,7 @@ def set_team(name):
     _team = name
 
 
-def team():
+def team() -> str:
     """The team that runs parallel CPU gathers: ``"torch"`` or ``"numba"``.
 
     Until :func:`set_team` is called: ``$DIRECTLOAD_CPU_TEAM`` if set, else
@@ -347,10 +355,10 @@ def team():
             set_team(choice)
         else:
             set_team("torch" if _torch_openmp() is not None else "numba")
-    return _team
+    return _team  # type: ignore[return-value]  # set_team() above has set it
 
 
-def get_num_threads():
+def get_num_threads() -> int:
     """Threads a parallel CPU gather uses: torch's count on the torch team, else Numba's;
     1 in a forked child (see :mod:`directload.kernels.forks`)."""
     if forks.forked():
@@ -363,7 +371,7 @@ def get_num_threads():
 LIBGOMP_SPINS = 300_000
 
 
-def wait_policy():
+def wait_policy() -> str:
     """How the idle threads of torch's OpenMP team (libgomp) wait between parallel regions, by the variables
     libgomp reads when it loads (setting them later changes nothing in this process): ``"passive"`` (they
     sleep at once, ``OMP_WAIT_POLICY=PASSIVE``), ``"active"`` (they spin), or ``"spin N"``: N rounds, then
@@ -392,7 +400,7 @@ def wait_policy():
     return value if value in ("passive", "active") else f"spin {LIBGOMP_SPINS}"
 
 
-def set_num_threads(n):
+def set_num_threads(n: int) -> None:
     """Threads of Numba's team (the torch team follows ``torch.set_num_threads``)."""
     numba.set_num_threads(n)
 
@@ -409,13 +417,14 @@ def set_num_threads(n):
 
 #: Seconds of gathering on torch's index_select after which a process loads the kernel (see above).
 LOAD_AFTER_S = 5.0
-_loaded = set()  # (team, aligned, carrier size, index size) of the kernels this process has loaded
-_loading = {}  # the same keys -> the thread loading them
+#: (team, aligned, carrier size, index size) of the kernels this process has loaded.
+_loaded: set[tuple[str, bool, int, int]] = set()
+_loading: dict[tuple[str, bool, int, int], threading.Thread] = {}  # the same keys -> the thread loading them
 _ready_lock = threading.Lock()
 _fallback_s = 0.0  # seconds gathered on index_select so far in this process
 
 
-def note_fallback(seconds, aligned, carrier_size, index_size):
+def note_fallback(seconds: float, aligned: bool, carrier_size: int, index_size: int) -> None:
     """A gather ran on torch's ``index_select`` for ``seconds`` because its kernel was not loaded: start
     the load once such gathers have taken :data:`LOAD_AFTER_S`."""
     global _fallback_s
@@ -428,7 +437,7 @@ def _ready_key(aligned, carrier_size, index_size):
     return team(), bool(aligned), int(carrier_size), int(index_size)
 
 
-def ready(aligned, carrier_size, index_size):
+def ready(aligned: bool, carrier_size: int, index_size: int) -> bool:
     """Whether the kernel of a gather of ``carrier_size``-byte elements by ``index_size``-byte ids is loaded
     in this process (so a gather runs it at once, without a load)."""
     return _ready_key(aligned, carrier_size, index_size) in _loaded
@@ -453,7 +462,8 @@ def _load(key):
             _loading.pop(key, None)
 
 
-def prepare(element_sizes=ELEMENT_SIZES, index_sizes=(8, 4), *, aligned=True, background=True):
+def prepare(element_sizes: Sequence[int] = ELEMENT_SIZES, index_sizes: Sequence[int] = (8, 4), *, aligned: bool = True,
+            background: bool = True) -> None:
     """Load the CPU gather kernels of these element and index sizes in this process (from Numba's on-disk
     cache; compiled once per machine): on a daemon thread of its own (``background``, the default: returns
     at once; gathers run torch's ``index_select`` until it is done), or now.  Idempotent; a load already
@@ -492,12 +502,13 @@ def prepare(element_sizes=ELEMENT_SIZES, index_sizes=(8, 4), *, aligned=True, ba
 
 # ---------------------------------------------------------------- entry point
 
-def launch(src, index, out, *, aligned=True, stream=0):
+def launch(src: torch.Tensor, index: torch.Tensor, out: torch.Tensor, *, aligned: bool = True, stream: int = 0) -> int:
     """The backends' shared launch: ``out[i] = src[index[i]]``, after checking every index.
 
     ``cpu``, ``numba_cuda`` and ``cupy`` each export ``launch`` with this one
     signature, and :mod:`directload.kernels.api` calls whichever the gather's
-    placement picked.
+    placement picked.  Its type hints name what all three take (torch
+    tensors); this one takes numpy arrays too.
 
     Parameters
     ----------

@@ -6,10 +6,14 @@ blocks per SM, from the occupancy API), never more than the work needs.  Nothing
 object, reads the device or synchronizes.
 """
 
+from __future__ import annotations
+
 import functools
 import hashlib
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,6 +22,10 @@ from .nvrtc import check_clamp_kernel_name, compile_gather, kernel_name, rowvec_
 from .operands import check_launch
 from .sources import CUDA_DIR, cache_dir
 from .variants import Variant, legal_width
+
+if TYPE_CHECKING:
+    import cupy
+    import torch
 
 __all__ = ["launch", "launch_variant", "launch_check_clamp", "launch_tiered", "kernel", "tiered_kernel",
            "gather_rows", "gather_tiered_rows", "launch_kernel"]
@@ -28,7 +36,7 @@ _ALIGNED = Variant("aligned")
 
 
 @functools.cache
-def kernel(device_id, aligned, elem_bytes, index_bytes):
+def kernel(device_id: int, aligned: bool, elem_bytes: int, index_bytes: int) -> cupy.RawKernel:
     """The compiled row-gather kernel of one specialisation on one device (memoized).
 
     The cubin comes from our own NVRTC call (the same one CI runs offline), for
@@ -43,7 +51,7 @@ def kernel(device_id, aligned, elem_bytes, index_bytes):
 
 
 @functools.cache
-def tiered_kernel(device_id, aligned, elem_bytes):
+def tiered_kernel(device_id: int, aligned: bool, elem_bytes: int) -> cupy.RawKernel:
     """The compiled tiered-gather kernel of one specialisation on one device (memoized, as :func:`kernel`)."""
     return _function(device_id, tiered_kernel_name(aligned, elem_bytes))
 
@@ -102,7 +110,8 @@ def _run(device_id, name, threads, args, stream_ptr):
     launch_kernel(device_id, name, threads, args, stream_ptr)
 
 
-def launch_kernel(device_id, name, threads, args, stream_ptr, *, source="gather.cu", options=()):
+def launch_kernel(device_id: int, name: str, threads: int, args: Sequence[np.generic], stream_ptr: int, *,
+                  source: str = "gather.cu", options: Iterable[str] = ()) -> None:
     """Start kernel ``name`` (a template name expression) of ``kernels/cuda/<source>`` on ``stream_ptr``: a
     persistent grid for ``threads`` grid-strided threads, ``args`` numpy scalars of the kernel's parameter sizes.
 
@@ -113,8 +122,9 @@ def launch_kernel(device_id, name, threads, args, stream_ptr, *, source="gather.
     fn((persistent_grid(threads, resident),), (BLOCK,), args, 0, _stream(stream_ptr, device_id))
 
 
-def launch_variant(variant, *, device_id, src_ptr, n_rows, row_bytes, elem_bytes, index, positions, out_ptr,
-                   err_ptr, stamp, stream_ptr):
+def launch_variant(variant: Variant, *, device_id: int, src_ptr: int, n_rows: int, row_bytes: int, elem_bytes: int,
+                   index: torch.Tensor, positions: torch.Tensor | None, out_ptr: int, err_ptr: int, stamp: int,
+                   stream_ptr: int) -> None:
     """Start ``out[positions[i] if positions is not None else i] = src[index[i]]`` on ``stream_ptr``.
 
     No host sync, no event: an id out of ``[0, n_rows)`` is clamped and stores ``stamp`` into the error word.
@@ -149,8 +159,8 @@ def launch_variant(variant, *, device_id, src_ptr, n_rows, row_bytes, elem_bytes
     ids, pos = np.uint64(index.data_ptr()), _NULL if positions is None else np.uint64(positions.data_ptr())
     src, out, err, bounds = np.uint64(src_ptr), np.uint64(out_ptr), np.uint64(err_ptr), np.int64(n_rows)
     if variant.kernel == "rowvec":
-        args = (src, ids, pos, out, np.int64(n), np.int64(row_bytes), bounds, np.int32(variant.lanes), err,
-                np.uint64(stamp))
+        args: tuple[np.generic, ...] = (src, ids, pos, out, np.int64(n), np.int64(row_bytes), bounds,
+                                        np.int32(variant.lanes), err, np.uint64(stamp))
         _run(device_id, rowvec_kernel_name(variant.width, index.element_size()), n * variant.lanes, args,
              stream_ptr)
         return
@@ -164,7 +174,8 @@ def launch_variant(variant, *, device_id, src_ptr, n_rows, row_bytes, elem_bytes
          stream_ptr)
 
 
-def launch_check_clamp(*, device_id, index, clamped, n_rows, err_ptr, stamp, stream_ptr):
+def launch_check_clamp(*, device_id: int, index: torch.Tensor, clamped: torch.Tensor, n_rows: int, err_ptr: int,
+                       stamp: int, stream_ptr: int) -> None:
     """Start ``clamped[i] = min(max(index[i], 0), n_rows - 1)`` on ``stream_ptr``, a bad id storing ``stamp`` into
     the error word at ``err_ptr`` (0: none): the ids ``torch.index_select`` may then read.
 
@@ -178,7 +189,7 @@ def launch_check_clamp(*, device_id, index, clamped, n_rows, err_ptr, stamp, str
     _run(device_id, check_clamp_kernel_name(index.element_size()), n, args, stream_ptr)
 
 
-def launch(src, index, out, *, aligned=True, stream=0):
+def launch(src: torch.Tensor, index: torch.Tensor, out: torch.Tensor, *, aligned: bool = True, stream: int = 0) -> int:
     """The backends' shared launch (see ``kernels.cpu.launch``) on CuPy: ``out[i] = src[index[i]]``.
 
     Same operands as ``kernels.numba_cuda.launch``: torch tensors, ``src`` in
@@ -193,7 +204,8 @@ def launch(src, index, out, *, aligned=True, stream=0):
     return -1
 
 
-def gather_rows(src, idx, out, *, aligned=True, stream_ptr=0):
+def gather_rows(src: cupy.ndarray, idx: cupy.ndarray, out: cupy.ndarray, *, aligned: bool = True,
+                stream_ptr: int = 0) -> None:
     """:func:`launch` on CuPy arrays: ``src`` ``[rows, row_elems]`` (device or mapped host memory), ``idx`` 1-D
     int32/int64 in range, ``out`` ``[len(idx), row_elems]``, all C-contiguous on the current device."""
     n = idx.shape[0]
@@ -206,7 +218,8 @@ def gather_rows(src, idx, out, *, aligned=True, stream_ptr=0):
          args, stream_ptr)
 
 
-def gather_tiered_rows(cache_ptr, flat_ptr, where, out, *, aligned=True, stream_ptr=0):
+def gather_tiered_rows(cache_ptr: int, flat_ptr: int, where: torch.Tensor, out: torch.Tensor, *, aligned: bool = True,
+                       stream_ptr: int = 0) -> None:
     """Start ``gather_tiered_aligned``/``gather_tiered_naive`` (see ``kernels.tiered``) on ``stream_ptr``.
 
     ``cache_ptr``/``flat_ptr`` address the tiers (one bit-carrier element size, that of ``out``), ``where`` is a
@@ -221,7 +234,8 @@ def gather_tiered_rows(cache_ptr, flat_ptr, where, out, *, aligned=True, stream_
          args, stream_ptr)
 
 
-def launch_tiered(cache, flat, where, out, *, aligned=True, stream=0):
+def launch_tiered(cache: torch.Tensor, flat: torch.Tensor, where: torch.Tensor, out: torch.Tensor, *,
+                  aligned: bool = True, stream: int = 0) -> None:
     """The backends' shared tiered launch (see ``kernels.tiered.launch_tiered``) on CuPy: torch tensors,
     ``cache`` in device or mapped memory, ``flat`` mapped, ``where`` checked, ``stream`` a ``cudaStream_t``."""
     gather_tiered_rows(cache.data_ptr(), flat.data_ptr(), where.contiguous(), out, aligned=aligned,

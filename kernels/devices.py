@@ -14,6 +14,8 @@ the stores (which make that copy when asked for a result elsewhere), the
 unified tensor's indexing rules and the loaders all call these two.
 """
 
+from __future__ import annotations
+
 import torch
 
 __all__ = ["HOST", "MAPPED", "memory_of", "read_devices"]
@@ -22,7 +24,7 @@ HOST = "host"
 MAPPED = "mapped"
 
 
-def memory_of(table, *, has_cuda=None):
+def memory_of(table: torch.Tensor, *, has_cuda: bool | None = None) -> str | torch.device:
     """``"host"``, ``"mapped"`` or the ``torch.device`` of the GPU memory that holds ``table``.
 
     Pinned memory counts as mapped only where CUDA runs (with unified virtual
@@ -53,7 +55,8 @@ def _cuda(device):
     return device
 
 
-def read_devices(index_device, requested, memory):
+def read_devices(index_device: torch.device | str, requested: torch.device | str | None,
+                 memory: str | torch.device) -> tuple[torch.device, torch.device]:
     """``(run_device, out_device)`` of a read of rows held in ``memory``.  Pure.
 
     * The result lives on ``requested`` when given, else on the index's device.

@@ -21,6 +21,8 @@ exist; a thread pool that the parent started is a pool of threads the child does
   waited for ever.  The child's bars are no longer kept apart from the parent's on the terminal.
 """
 
+from __future__ import annotations
+
 import os
 import sys
 import threading
@@ -38,7 +40,7 @@ TORCH_ON_OPENMP = "OpenMP" in torch.__config__.parallel_info().rsplit("ATen para
 _forked = False
 
 
-def forked():
+def forked() -> bool:
     """Whether this process was forked from one that had loaded directload's kernels."""
     return _forked
 
@@ -82,7 +84,7 @@ def _release():
     global_compiler_lock.release()
 
 
-def fresh_progress_locks():
+def fresh_progress_locks() -> None:
     """Forget tqdm's write locks (its ``multiprocessing`` lock, shared with the parent and its other children,
     its thread lock, and each bar class's lock), so that this process's next bar makes locks of its own."""
     std = sys.modules.get("tqdm.std")

@@ -8,9 +8,12 @@ straight to :func:`launch`, which reads nothing from the device: ids are checked
 (:mod:`kernels.bounds`), the stream is the caller's, and no event is recorded.
 """
 
+from __future__ import annotations
+
 import importlib
 import math
 import weakref
+from collections.abc import Callable
 
 import torch
 
@@ -23,7 +26,7 @@ __all__ = ["GpuTable", "table_for", "cached_table", "launch", "as_variant", "BAC
 BACKEND_MODULES = {"numba_cuda": ".numba_cuda", "cupy": ".cupy_backend"}
 
 
-def as_variant(variant):
+def as_variant(variant: Variant | str | None) -> Variant | None:
     """``variant`` (a :class:`Variant`, its name, or None) as a Variant or None; ``TypeError``/``ValueError``."""
     if variant is None or isinstance(variant, Variant):
         return variant
@@ -52,7 +55,7 @@ class GpuTable:
     400
     """
 
-    def __init__(self, src, device, backend):
+    def __init__(self, src: torch.Tensor, device: torch.device, backend: str) -> None:
         self.src = weakref.ref(src)
         self.ptr = src.data_ptr()
         self.shape = src.shape
@@ -68,18 +71,19 @@ class GpuTable:
         self.launch_variant = module.launch_variant
         self.launch_check_clamp = module.launch_check_clamp
         self.bounds = bounds_for(device.index)
-        self.variants = {}  # id-count bucket -> Variant (tuned or default)
-        self._view = None
+        self.variants: dict[int, Variant] = {}  # id-count bucket -> Variant (tuned or default)
+        self._view: torch.Tensor | None = None
 
-    def matches(self, src):
+    def matches(self, src: torch.Tensor) -> bool:
         """Whether ``src`` is still the table this entry was made for (same object, address, shape, dtype)."""
-        return self.src() is src and src.data_ptr() == self.ptr and src.shape == self.shape and src.dtype == self.dtype
+        # Ignored below: after ``self.src() is src``, mypy takes ``src`` for the weakref's ``Tensor | None``.
+        return self.src() is src and src.data_ptr() == self.ptr and src.shape == self.shape and src.dtype == self.dtype  # type: ignore[union-attr]
 
-    def view(self):
+    def view(self) -> torch.Tensor:
         """The table as a CUDA tensor (mapped host memory seen from the device): what ``index_select`` reads."""
         if self._view is None:
             src = self.src()
-            if src.is_cuda:
+            if src.is_cuda:  # type: ignore[union-attr]  # the caller holds the table alive
                 self._view = src
             else:
                 nbytes = self.n_rows * self.row_bytes
@@ -88,7 +92,8 @@ class GpuTable:
                 self._view = flat.view(self.dtype).view(self.shape)
         return self._view
 
-    def variant_for(self, n, out_ptr, choose=None):
+    def variant_for(self, n: int, out_ptr: int,
+                    choose: Callable[[GpuTable, int, int], Variant | None] | None = None) -> Variant:
         """The variant for ``n`` ids: cached per power-of-two bucket; ``choose(self, n, out_ptr)`` on a miss
         (the tuner), else rowvec at its default width."""
         bucket = n.bit_length()
@@ -101,10 +106,10 @@ class GpuTable:
         return found
 
 
-_tables = {}
+_tables: dict[tuple[int, torch.device], GpuTable] = {}
 
 
-def cached_table(src, device):
+def cached_table(src: torch.Tensor, device: torch.device) -> GpuTable | None:
     """The :class:`GpuTable` of ``src`` on ``device`` if one is cached and still matches, else None."""
     entry = _tables.get((id(src), device))
     if entry is not None and entry.matches(src):
@@ -112,7 +117,7 @@ def cached_table(src, device):
     return None
 
 
-def table_for(src, device, backend):
+def table_for(src: torch.Tensor, device: torch.device, backend: str) -> GpuTable:
     """The :class:`GpuTable` of a checked ``src`` on ``device`` for ``backend`` (made and cached on a miss).
 
     The entry goes when the table dies.
@@ -126,7 +131,7 @@ def table_for(src, device, backend):
     return entry
 
 
-def launch(table, index, out, variant, stream):
+def launch(table: GpuTable, index: torch.Tensor, out: torch.Tensor, variant: Variant, stream: torch.cuda.Stream) -> int:
     """Start ``out[i] = table[index[i]]`` on ``stream``: no host sync, no event.
 
     ``index`` is a checked, contiguous CUDA int32/int64 tensor on ``table.device``; ``out`` a checked,

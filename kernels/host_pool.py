@@ -1,8 +1,11 @@
 """A recycling pool for large host output buffers, so gathers write into memory already faulted in."""
 
+from __future__ import annotations
+
 import os
 import threading
 import weakref
+from collections.abc import Iterable
 
 import numpy as np
 import torch
@@ -12,7 +15,7 @@ from .host_bytes import host_view, nbytes_of
 __all__ = ["HostBufferPool", "size_class", "default_pool"]
 
 
-def size_class(nbytes):
+def size_class(nbytes: int) -> int:
     """Bytes of the block serving ``nbytes``: the next of 2^k x {1, 1.25, 1.5, 1.75} (waste < 25%)."""
     if nbytes <= 4096:
         return 4096
@@ -57,14 +60,14 @@ class HostBufferPool:
     >>> del b; pool.empty_cache()
     """
 
-    def __init__(self, max_cached_bytes=1 << 30):
+    def __init__(self, max_cached_bytes: int = 1 << 30) -> None:
         self.max_cached_bytes = max_cached_bytes
-        self._free = {}
+        self._free: dict[int, list[np.ndarray]] = {}
         self._cached = 0
         self._lock = threading.Lock()
         self.stats = {"fresh": 0, "reused": 0}
 
-    def empty(self, shape, dtype):
+    def empty(self, shape: Iterable[int], dtype: torch.dtype) -> torch.Tensor:
         """An uninitialised CPU tensor of ``shape`` and ``dtype`` on a pooled block."""
         shape = tuple(shape)
         nbytes = nbytes_of(shape, dtype)
@@ -88,11 +91,11 @@ class HostBufferPool:
                 self._free.setdefault(block.nbytes, []).append(block)
                 self._cached += block.nbytes
 
-    def cached_bytes(self):
+    def cached_bytes(self) -> int:
         with self._lock:
             return self._cached
 
-    def empty_cache(self):
+    def empty_cache(self) -> None:
         """Release every free block to the OS."""
         with self._lock:
             self._free.clear()
@@ -110,6 +113,6 @@ def _after_fork_in_child():
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def default_pool():
+def default_pool() -> HostBufferPool:
     """The pool :func:`directload.kernels.gather` uses for CPU outputs of 1 MiB and more."""
     return _default

@@ -1,5 +1,7 @@
 """Pure index math shared by every gather kernel and by the PCIe transaction model."""
 
+from __future__ import annotations
+
 # One source of truth: the Numba CUDA kernels compile these functions as device
 # functions, the CPU kernel and the transaction model compile them with njit, and
 # kernels/cuda/gather.cu carries a line-for-line C++ mirror that a test compares
@@ -27,7 +29,7 @@ LINE = 128
 BLOCK = 256
 
 
-def unit_bytes(elem):
+def unit_bytes(elem: int) -> int:
     """Bytes one lane reads per step of the aligned kernel.
 
     Elements of 4 bytes or more are read one per lane; smaller ones are read as
@@ -36,7 +38,7 @@ def unit_bytes(elem):
     return elem if elem >= 4 else 4
 
 
-def naive_element(tid, row_elems):
+def naive_element(tid: int, row_elems: int) -> tuple[int, int]:
     """(output row, column) that flat thread ``tid`` copies in the naive kernel.
 
     One thread per element of the flattened output: the access pattern of
@@ -45,7 +47,7 @@ def naive_element(tid, row_elems):
     return tid // row_elems, tid % row_elems
 
 
-def aligned_geometry(row_addr, row_bytes, elem, warp, line):
+def aligned_geometry(row_addr: int, row_bytes: int, elem: int, warp: int, line: int) -> tuple[int, int, int, int, int]:
     """Per-row plan of the aligned (circular-shift) kernel.
 
     Parameters
@@ -78,7 +80,8 @@ def aligned_geometry(row_addr, row_bytes, elem, warp, line):
     return base, first, last, steps, wrap
 
 
-def aligned_span(lane, step, row_addr, row_bytes, elem, warp, base, first, last, steps, wrap):
+def aligned_span(lane: int, step: int, row_addr: int, row_bytes: int, elem: int, warp: int, base: int, first: int,
+                 last: int, steps: int, wrap: int) -> tuple[int, int]:
     """Elements ``[lo, hi)`` of the row that ``lane`` copies at ``step``.
 
     The arguments after ``warp`` are :func:`aligned_geometry`'s result.  An
@@ -102,7 +105,7 @@ def aligned_span(lane, step, row_addr, row_bytes, elem, warp, base, first, last,
     return lo // elem, hi // elem
 
 
-def tier_row(where, row_elems, elem, cache_mod, flat_mod):
+def tier_row(where: int, row_elems: int, elem: int, cache_mod: int, flat_mod: int) -> tuple[int, int, int]:
     """Where output row ``r`` of a tiered gather comes from, given ``where[r]``.
 
     The tiered gather reads each row from one of two tiers, both addressed as
@@ -126,12 +129,12 @@ def tier_row(where, row_elems, elem, cache_mod, flat_mod):
     return 1, first, flat_mod + first * elem
 
 
-def launch_grid(work, block=BLOCK, max_blocks=65535):
+def launch_grid(work: int, block: int = BLOCK, max_blocks: int = 65535) -> int:
     """Blocks for ``work`` threads: enough to cover it, capped (kernels grid-stride)."""
     return max(1, min(max_blocks, -(-work // block)))
 
 
-def persistent_grid(work, resident, block=BLOCK):
+def persistent_grid(work: int, resident: int, block: int = BLOCK) -> int:
     """Blocks for a persistent, grid-strided launch of ``work`` threads: as many as the device holds at once
     (``resident``: SMs x resident blocks per SM), never more than the work needs, at least one.
 

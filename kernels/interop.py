@@ -1,6 +1,14 @@
 """Zero-copy views between torch, CuPy and Numba through ``__cuda_array_interface__``."""
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
 from .carriers import CARRIERS
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["CudaArrayView", "cuda_array"]
 
@@ -27,7 +35,7 @@ class CudaArrayView:
     True
     """
 
-    def __init__(self, ptr, shape, itemsize, owner):
+    def __init__(self, ptr: int, shape: Iterable[int], itemsize: int, owner: object) -> None:
         self.owner = owner
         self.__cuda_array_interface__ = {
             "data": (int(ptr), False),  # torch 2.11 refuses read-only views
@@ -39,7 +47,7 @@ class CudaArrayView:
         }
 
 
-def cuda_array(t):
+def cuda_array(t: torch.Tensor) -> torch.Tensor | CudaArrayView:
     """An object with ``__cuda_array_interface__`` for a CUDA or pinned-host torch tensor."""
     if t.is_cuda:
         return t

@@ -7,9 +7,12 @@ handle through ``cuda.core``: no device-array objects, no dispatcher type checks
 Under ``NUMBA_ENABLE_CUDASIM=1`` the same kernels run on host views of the same pointers.
 """
 
+from __future__ import annotations
+
 import ctypes
 import math
 import threading
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numba import config, cuda
@@ -18,6 +21,15 @@ from .indexing import BLOCK, LINE, WARP, persistent_grid
 from .numba_kernels import CARRIER_DTYPES, INDEX_DTYPES, dispatcher, offline_ptx, signature
 from .operands import check_launch
 from .variants import legal_width
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    import torch
+    from numba.core import types
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+    from numba.cuda.cudadrv.driver import Stream
+
+    from .variants import Variant
 
 __all__ = ["launch", "launch_tiered", "launch_variant", "launch_check_clamp", "gather_rows",
            "gather_tiered_rows", "compile_ptx", "compile_kernel_ptx", "compile_tiered_ptx", "kernel_signature",
@@ -116,7 +128,7 @@ class _SimLaunches:
     """Launches under Numba's CUDA simulator, whose kernels run on host arrays: the pointers are host
     addresses (CPU tensors stand in for CUDA ones), viewed as numpy arrays over the same memory."""
 
-    _empty = {}
+    _empty: dict[tuple[np.dtype, tuple[int, ...]], np.ndarray] = {}
 
     @classmethod
     def array(cls, ptr, shape, dtype):
@@ -153,7 +165,7 @@ _NO_TRACE = _RUN.array(0, (0,), _I64) + _RUN.array(0, (0,), _I32)
 
 # ---- the launches ----
 
-def carrier_for(kernel, width, row_bytes, elem_bytes, src_addr, out_addr):
+def carrier_for(kernel: str, width: int, row_bytes: int, elem_bytes: int, src_addr: int, out_addr: int) -> int:
     """Bytes each copy moves for ``kernel``: rowvec its vector width where legal between the tables
     (:func:`~kernels.variants.legal_width`), aligned 16-byte units where rows and tables are 16-byte aligned
     (PyTorch-Direct's ``uint4`` path), naive one element.  ``ValueError`` for another kernel.  Pure.
@@ -173,8 +185,9 @@ def carrier_for(kernel, width, row_bytes, elem_bytes, src_addr, out_addr):
     raise ValueError(f"the Numba backend launches {GATHER_KERNELS}, got {kernel!r}")
 
 
-def launch_variant(variant, *, device_id, src_ptr, n_rows, row_bytes, elem_bytes, index, positions, out_ptr,
-                   err_ptr, stamp, stream_ptr):
+def launch_variant(variant: Variant, *, device_id: int, src_ptr: int, n_rows: int, row_bytes: int, elem_bytes: int,
+                   index: torch.Tensor, positions: torch.Tensor | None, out_ptr: int, err_ptr: int, stamp: int,
+                   stream_ptr: int) -> None:
     """Start ``out[positions[i] if positions else i] = src[clamp(index[i])]`` with ``variant``'s kernel.
 
     Parameters
@@ -219,7 +232,8 @@ def launch_variant(variant, *, device_id, src_ptr, n_rows, row_bytes, elem_bytes
               index_bytes, n, pos, out_ptr, err_ptr, stamp, stream_ptr)
 
 
-def launch_check_clamp(*, device_id, index, clamped, n_rows, err_ptr, stamp, stream_ptr):
+def launch_check_clamp(*, device_id: int, index: torch.Tensor, clamped: torch.Tensor, n_rows: int, err_ptr: int,
+                       stamp: int, stream_ptr: int) -> None:
     """Start ``clamped[i] = min(max(index[i], 0), n_rows - 1)``, storing ``stamp`` at ``err_ptr`` (when not 0)
     for any id outside ``[0, n_rows)``: the ids torch's ``index_select`` may then read.
 
@@ -266,7 +280,7 @@ def _run_rows(kind, carrier, lanes, device_id, src_ptr, n_rows, row_elems, index
     _RUN.run((kind, carrier, index_bytes, lanes, bool(trace)), device_id, threads, stream_ptr, args, grid, block)
 
 
-def launch(src, index, out, *, aligned=True, stream=0):
+def launch(src: torch.Tensor, index: torch.Tensor, out: torch.Tensor, *, aligned: bool = True, stream: int = 0) -> int:
     """The backends' shared launch (see ``kernels.cpu.launch``) on Numba CUDA: ``out[i] = src[index[i]]``.
 
     ``src`` is a torch tensor in device memory or pinned, GPU-mapped host
@@ -286,7 +300,8 @@ def launch(src, index, out, *, aligned=True, stream=0):
     return -1
 
 
-def launch_tiered(cache, flat, where, out, *, aligned=True, stream=0):
+def launch_tiered(cache: torch.Tensor, flat: torch.Tensor, where: torch.Tensor, out: torch.Tensor, *,
+                  aligned: bool = True, stream: int = 0) -> None:
     """The backends' shared tiered launch (see ``kernels.tiered.launch_tiered``) on Numba CUDA: torch
     tensors, ``cache`` in device or mapped memory, ``flat`` mapped, ``where`` checked, ``stream`` a
     ``cudaStream_t``; nothing synchronises."""
@@ -311,7 +326,9 @@ def _run_tiered(aligned, carrier, device_id, cache, flat, where_ptr, n, out_ptr,
 
 # ---- Numba arrays in (tests, the simulator lane, mapped-memory tools) ----
 
-def gather_tiered_rows(cache, flat, where, out, *, aligned=True, grid=None, block=BLOCK, stream=0):
+def gather_tiered_rows(cache: DeviceNDArray, flat: DeviceNDArray, where: DeviceNDArray, out: DeviceNDArray, *,
+                       aligned: bool = True, grid: int | None = None, block: int = BLOCK,
+                       stream: Stream | int = 0) -> None:
     """Launch the tiered gather: ``out[r] = cache row where[r]`` or the flat tier's row at element ``-where[r]-1``.
 
     One fused kernel over both tiers (see ``kernels.indexing.tier_row``): rows
@@ -327,7 +344,9 @@ def gather_tiered_rows(cache, flat, where, out, *, aligned=True, grid=None, bloc
                 out.shape[1], _stream_handle(stream), grid=grid, block=block)
 
 
-def gather_rows(src, idx, out, *, aligned=True, grid=None, block=BLOCK, stream=0, trace=False):
+def gather_rows(src: DeviceNDArray, idx: DeviceNDArray, out: DeviceNDArray, *, aligned: bool = True,
+                grid: int | None = None, block: int = BLOCK, stream: Stream | int = 0,
+                trace: bool = False) -> tuple[DeviceNDArray, DeviceNDArray] | None:
     """Launch the Numba kernel: ``out[i] = src[idx[i]]``.
 
     Parameters
@@ -369,7 +388,7 @@ def gather_rows(src, idx, out, *, aligned=True, grid=None, block=BLOCK, stream=0
         traces = (cuda.to_device(np.full(n * row_elems, -1, np.int64), stream=stream),
                   cuda.to_device(np.full(n * row_elems, -1, np.int32), stream=stream))
     if n and row_elems:
-        ptrs = (array_address(traces[0]), array_address(traces[1])) if trace else None
+        ptrs = (array_address(traces[0]), array_address(traces[1])) if trace else None  # type: ignore[index]  # set if trace
         _run_rows("aligned" if aligned else "naive", np.dtype(src.dtype).itemsize, 0, _current_device(),
                   array_address(src), src.shape[0], row_elems, array_address(idx), np.dtype(idx.dtype).itemsize, n,
                   0, array_address(out), 0, 0, _stream_handle(stream), grid=grid, block=block, trace=ptrs)
@@ -390,7 +409,7 @@ def _stream_handle(stream):
     return int(stream) if stream and not config.ENABLE_CUDASIM else 0
 
 
-def array_address(a):
+def array_address(a: object) -> int:
     """Data address of a CUDA array, a mapped array, or a simulator/host array."""
     iface = getattr(a, "__cuda_array_interface__", None)
     if iface is not None:
@@ -401,7 +420,7 @@ def array_address(a):
 
 # ---- offline PTX (no GPU needed) ----
 
-def kernel_signature(aligned, elem_dtype, index_dtype):
+def kernel_signature(aligned: bool, elem_dtype: npt.DTypeLike, index_dtype: npt.DTypeLike) -> tuple[types.Type, ...]:
     """Numba signature of one naive/aligned specialisation, for :func:`compile_ptx`."""
     return signature(_gather_spec("aligned" if aligned else "naive", elem_dtype, index_dtype))
 
@@ -410,7 +429,8 @@ def _gather_spec(kind, elem_dtype, index_dtype, lanes=0, traced=False):
     return (kind, np.dtype(elem_dtype).itemsize, np.dtype(index_dtype).itemsize, lanes, traced)
 
 
-def compile_ptx(aligned, elem_dtype, index_dtype, cc=(9, 0)):
+def compile_ptx(aligned: bool, elem_dtype: npt.DTypeLike, index_dtype: npt.DTypeLike,
+                cc: tuple[int, int] = (9, 0)) -> str:
     """PTX of one naive/aligned kernel specialisation (untraced), compiled offline (no GPU needed).
 
     Returns
@@ -421,7 +441,8 @@ def compile_ptx(aligned, elem_dtype, index_dtype, cc=(9, 0)):
     return compile_kernel_ptx("aligned" if aligned else "naive", elem_dtype, index_dtype, cc=cc)
 
 
-def compile_kernel_ptx(kernel, elem_dtype, index_dtype, *, lanes=0, traced=False, cc=(9, 0)):
+def compile_kernel_ptx(kernel: str, elem_dtype: npt.DTypeLike, index_dtype: npt.DTypeLike, *, lanes: int = 0,
+                       traced: bool = False, cc: tuple[int, int] = (9, 0)) -> str:
     """PTX of any gather specialisation, compiled offline: ``kernel`` in ``("naive", "aligned", "rowvec",
     "check_clamp")`` (rowvec with ``lanes``), moving units of ``elem_dtype``'s size, over ``index_dtype`` ids.
 
@@ -431,7 +452,7 @@ def compile_kernel_ptx(kernel, elem_dtype, index_dtype, *, lanes=0, traced=False
     return offline_ptx(_gather_spec(kernel, elem_dtype, index_dtype, lanes if kernel == "rowvec" else 0, traced), cc)
 
 
-def tiered_signature(aligned, elem_dtype):
+def tiered_signature(aligned: bool, elem_dtype: npt.DTypeLike) -> tuple[types.Type, ...]:
     """Numba signature of one tiered-gather specialisation, for :func:`compile_tiered_ptx`."""
     return signature(_tiered_spec(aligned, elem_dtype))
 
@@ -440,6 +461,6 @@ def _tiered_spec(aligned, elem_dtype):
     return ("tiered_aligned" if aligned else "tiered_naive", np.dtype(elem_dtype).itemsize, 8, 0, False)
 
 
-def compile_tiered_ptx(aligned, elem_dtype, cc=(9, 0)):
+def compile_tiered_ptx(aligned: bool, elem_dtype: npt.DTypeLike, cc: tuple[int, int] = (9, 0)) -> str:
     """PTX of one tiered-gather specialisation, compiled offline (no GPU needed)."""
     return offline_ptx(_tiered_spec(aligned, elem_dtype), cc)

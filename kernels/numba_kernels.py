@@ -8,9 +8,12 @@ element size, the unit and the line math fold to shifts and masks (no division i
 kernels).  ``kernels.numba_cuda`` launches them; nothing here touches a GPU at import.
 """
 
+from __future__ import annotations
+
 import contextlib
 import functools
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numba import cuda, types
@@ -19,10 +22,15 @@ from numba.np.numpy_support import from_dtype
 
 from .indexing import LINE, WARP, aligned_geometry, aligned_span, naive_element, tier_row
 
+if TYPE_CHECKING:
+    from numba.cuda.dispatcher import CUDADispatcher
+
 __all__ = ["KINDS", "CARRIER_DTYPES", "INDEX_DTYPES", "dispatcher", "signature", "offline_ptx"]
 
 #: What a specialisation's ``kind`` may be.
 KINDS = ("naive", "aligned", "rowvec", "check_clamp", "tiered_naive", "tiered_aligned")
+#: A specialisation: ``(kind, carrier, index_bytes, lanes, traced)``.
+Spec = tuple[str, int, int, int, bool]
 
 
 def _load_numpy_support():
@@ -217,7 +225,7 @@ INDEX_DTYPES = {4: np.dtype(np.int32), 8: np.dtype(np.int64)}
 _I64, _I32, _U64 = np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.uint64)
 
 
-def dispatcher(spec):
+def dispatcher(spec: Spec) -> CUDADispatcher:
     """The Numba dispatcher (``cuda.jit`` kernel) of a specialisation, made once."""
     kind, carrier, _, lanes, traced = spec
     if kind == "rowvec":
@@ -227,7 +235,7 @@ def dispatcher(spec):
     return getattr(_row_kernels(carrier, traced), kind)
 
 
-def signature(spec):
+def signature(spec: Spec) -> tuple[types.Type, ...]:
     """The Numba argument types of a specialisation, in launch order.
 
     Gathers take ``(src, idx, pos, out, row_elems, src_mod, n_rows, err, stamp, trace_tid, trace_step)``,
@@ -249,7 +257,7 @@ def signature(spec):
             types.int64, arr(_U64, 1), types.uint64, arr(_I64, 1), arr(_I32, 1))
 
 
-def offline_ptx(spec, cc=(9, 0)):
+def offline_ptx(spec: Spec, cc: tuple[int, int] = (9, 0)) -> str:
     """PTX of a specialisation for compute capability ``cc``, compiled with no GPU."""
     # numba-cuda 0.30 compiles called device functions for the *current* device's
     # compute capability even inside compile_ptx, which needs a driver.  Offline,

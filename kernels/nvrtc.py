@@ -1,7 +1,10 @@
 """Offline NVRTC compilation of kernels/cuda/gather.cu (or sample.cu) to PTX or cubin, with no GPU or driver."""
 
+from __future__ import annotations
+
 import ctypes
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from directload.capabilities import find_libnvrtc
@@ -57,7 +60,7 @@ class CompileResult:
     """
 
     image: bytes
-    lowered: dict
+    lowered: dict[str, str]
     log: str
 
 
@@ -88,18 +91,18 @@ def _log(prog):
     return buf.value.decode(errors="replace")
 
 
-def kernel_name(aligned, elem_bytes, index_bytes):
+def kernel_name(aligned: bool, elem_bytes: int, index_bytes: int) -> str:
     """Template name expression of one specialisation, e.g. ``gather_aligned<unsigned int, long long>``."""
     kind = "gather_aligned" if aligned else "gather_naive"
     return f"{kind}<{ELEM_TYPES[elem_bytes]}, {INDEX_TYPES[index_bytes]}>"
 
 
-def tiered_kernel_name(aligned, elem_bytes):
+def tiered_kernel_name(aligned: bool, elem_bytes: int) -> str:
     """Template name expression of one tiered-gather specialisation, e.g. ``gather_tiered_aligned<unsigned int>``."""
     return f"{'gather_tiered_aligned' if aligned else 'gather_tiered_naive'}<{ELEM_TYPES[elem_bytes]}>"
 
 
-def rowvec_kernel_name(width, index_bytes):
+def rowvec_kernel_name(width: int, index_bytes: int) -> str:
     """Template name expression of one whole-row vector kernel, e.g. ``gather_rowvec<long long, 16>``.
 
     >>> rowvec_kernel_name(16, 8)
@@ -110,7 +113,7 @@ def rowvec_kernel_name(width, index_bytes):
     return f"gather_rowvec<{INDEX_TYPES[index_bytes]}, {width}>"
 
 
-def check_clamp_kernel_name(index_bytes):
+def check_clamp_kernel_name(index_bytes: int) -> str:
     """Template name expression of the id check-and-clamp kernel, e.g. ``check_clamp<int>``.
 
     >>> check_clamp_kernel_name(4)
@@ -119,7 +122,7 @@ def check_clamp_kernel_name(index_bytes):
     return f"check_clamp<{INDEX_TYPES[index_bytes]}>"
 
 
-def all_kernel_names():
+def all_kernel_names() -> list[str]:
     """Every specialisation gather.cu is compiled for: naive and aligned per element and index size, tiered per
     element size, rowvec per width and index size, check_clamp per index size.
 
@@ -133,7 +136,8 @@ def all_kernel_names():
     return names
 
 
-def compile_gather(arch="compute_90", names=None, extra_options=(), *, source="gather.cu"):
+def compile_gather(arch: str = "compute_90", names: Sequence[str] | None = None, extra_options: Sequence[str] = (), *,
+                   source: str = "gather.cu") -> CompileResult:
     """Compile gather.cu (or ``source``) with NVRTC.
 
     Parameters
@@ -178,7 +182,7 @@ def compile_gather(arch="compute_90", names=None, extra_options=(), *, source="g
         for n in names:
             p = ctypes.c_char_p()
             _check(lib.nvrtcGetLoweredName(prog, n.encode(), ctypes.byref(p)), "nvrtcGetLoweredName")
-            lowered[n] = p.value.decode()
+            lowered[n] = p.value.decode()  # type: ignore[union-attr]  # set, as nvrtcGetLoweredName succeeded
         size = ctypes.c_size_t()
         if arch.startswith("sm_"):
             _check(lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "nvrtcGetCUBINSize")

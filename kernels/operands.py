@@ -7,7 +7,11 @@ out-of-range message (:func:`out_of_range`); rows of elements no kernel moves ar
 :func:`overlaps`).
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,7 +22,7 @@ __all__ = ["check_launch", "check_readable", "out_of_range", "RowWords", "row_wo
            "host_of", "can_gather"]
 
 
-def host_of(x, *, checked=False):
+def host_of(x: Any, *, checked: bool = False) -> Any:
     """The plain host tensor under a unified tensor (its ``host``), or ``x`` itself.
 
     With ``checked``, the unified tensor's ``check_backing()`` first: a closed
@@ -37,7 +41,7 @@ def host_of(x, *, checked=False):
     return x.check_backing() if checked else x.host
 
 
-def can_gather(table):
+def can_gather(table: Any) -> bool:
     """Whether directload's kernels take ``table`` as a table of rows.
 
     A plain tensor (a unified tensor's :func:`host_of`, not the subclass:
@@ -72,16 +76,16 @@ class RowWords:
     """
 
     dtype: torch.dtype
-    shape: tuple
+    shape: tuple[int, ...]
     ratio: int
 
     @property
-    def same(self):
+    def same(self) -> bool:
         """Whether the rows move in their own dtype (no view needed)."""
         return self.ratio == 1
 
 
-def row_words(dtype, row_shape):
+def row_words(dtype: torch.dtype, row_shape: Sequence[int]) -> RowWords:
     """The words the kernels move rows of ``dtype`` and ``row_shape`` in: the dtype itself for 1, 2, 4 and
     8-byte elements; wider ones (complex128) as their bytes, in 8-byte words (or bytes).
 
@@ -100,7 +104,7 @@ def row_words(dtype, row_shape):
     return RowWords(carrier, (int(np.prod(row_shape, dtype=np.int64)) * ratio,), ratio)
 
 
-def memory_span(t, *, whole=False):
+def memory_span(t: torch.Tensor | np.ndarray, *, whole: bool = False) -> tuple[int, int]:
     """``[first, end)`` byte addresses of a contiguous tensor's elements, or with ``whole`` of all the memory
     under a tensor or numpy array (its whole storage, or its base array's).
 
@@ -125,12 +129,13 @@ def memory_span(t, *, whole=False):
     return start, start + t.numel() * t.element_size()
 
 
-def overlaps(a, b):
+def overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
     """Whether two non-empty ``[first, end)`` spans share a byte."""
     return a[0] < b[1] and b[0] < a[1] and a[0] != a[1] and b[0] != b[1]
 
 
-def out_of_range(value, n, *, what="index", unit="rows", position=None, negatives=False):
+def out_of_range(value: int, n: int | None, *, what: str = "index", unit: str = "rows", position: int | None = None,
+                 negatives: bool = False) -> IndexError:
     """The one ``IndexError`` for an id outside its table: ``value`` of ``n`` ``unit`` (``n`` None: beyond
     int64), at ``position`` in its batch if given; ``negatives`` where ids may count from the end.
 
@@ -167,7 +172,7 @@ def _is_int_index(a):
     return name in ("int32", "int64")
 
 
-def check_readable(t, name, devices=_DEVICE_TYPES):
+def check_readable(t: torch.Tensor, name: str, devices: Sequence[str] = _DEVICE_TYPES) -> None:
     """Raise unless the tensor ``t`` has memory a gather can address: ``TypeError`` for a sparse (or other
     non-strided) layout, ``ValueError`` for a device of another type than ``devices`` (a ``meta`` tensor has
     shapes but no memory: a kernel given its null pointer would crash the process).
@@ -192,7 +197,8 @@ def check_readable(t, name, devices=_DEVICE_TYPES):
                          if t.device.type == "meta" else f"{name} is on {t.device}: pass a tensor on {where}")
 
 
-def check_launch(src, index, out):
+def check_launch(src: torch.Tensor | np.ndarray, index: torch.Tensor | np.ndarray,
+                 out: torch.Tensor | np.ndarray) -> None:
     """Raise ``ValueError`` (``TypeError`` for the index's dtype) unless ``out[i] = src[index[i]]`` is a
     well-formed launch: ``src`` and ``out`` C-contiguous 2-D of one element size, ``out`` of
     ``[len(index), src.shape[1]]``, ``index`` 1-D int32/int64.  Torch tensors or numpy arrays.

@@ -13,12 +13,18 @@ Two questions, two counts:
   what predicts a gain from sorting the ids (:func:`sorting_gain`).
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numba import njit
 
 from .indexing import LINE, WARP, aligned_geometry, aligned_span, naive_element, tier_row
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 __all__ = ["RequestCount", "count_requests", "count_tiered", "row_min_lines", "paper_shift_element", "thread_map",
            "Footprint", "footprint", "sorting_gain", "SECTOR", "PAGE_4K", "PAGE_2M"]
@@ -70,13 +76,14 @@ class RequestCount:
 
 
 @njit(cache=True)
-def row_min_lines(row_addr, row_bytes, line):
+def row_min_lines(row_addr: int, row_bytes: int, line: int) -> int:
     """Lines spanned by ``row_bytes`` bytes that start at ``row_addr``."""
     return (row_addr + row_bytes - 1) // line - row_addr // line + 1
 
 
 @njit(cache=True)
-def paper_shift_element(col, row_first_tid, row_addr, row_elems, elem, warp, line):
+def paper_shift_element(col: int, row_first_tid: int, row_addr: int, row_elems: int, elem: int, warp: int,
+                        line: int) -> int:
     """Element read by column-thread ``col`` under the paper's own circular shift.
 
     Model only (no kernel uses it): PyTorch-Direct keeps one thread per output
@@ -157,7 +164,8 @@ def _count_aligned(addrs, row_bytes, elem, warp, line, per_row):
     return total
 
 
-def count_requests(index, row_bytes, elem, *, kernel="aligned", src_addr=0, warp=WARP, line=LINE):
+def count_requests(index: npt.ArrayLike, row_bytes: int, elem: int, *, kernel: str = "aligned", src_addr: int = 0,
+                   warp: int = WARP, line: int = LINE) -> RequestCount:
     """Count the SM-to-L2 read requests of gathering ``index`` rows (not link bytes: see :func:`footprint`).
 
     Parameters
@@ -198,7 +206,8 @@ def count_requests(index, row_bytes, elem, *, kernel="aligned", src_addr=0, warp
     return RequestCount(int(total), per_row, mins)
 
 
-def count_tiered(where, row_bytes, elem, *, cache_addr=0, flat_addr=0, warp=WARP, line=LINE):
+def count_tiered(where: npt.ArrayLike, row_bytes: int, elem: int, *, cache_addr: int = 0, flat_addr: int = 0,
+                 warp: int = WARP, line: int = LINE) -> dict[str, RequestCount]:
     """Count the SM-to-L2 read requests of the aligned tiered gather (``kernels.tiered``), per tier.
 
     One warp per output row, as in the plain aligned gather, so each row's
@@ -254,7 +263,8 @@ def _thread_map(addrs, row_elems, elem, aligned, grid, block, warp, line, tid_ou
                     step_out[r * row_elems + c] = step
 
 
-def thread_map(index, row_elems, elem, *, aligned, grid, block, src_addr=0, warp=WARP, line=LINE):
+def thread_map(index: npt.ArrayLike, row_elems: int, elem: int, *, aligned: bool, grid: int, block: int,
+               src_addr: int = 0, warp: int = WARP, line: int = LINE) -> tuple[np.ndarray, np.ndarray]:
     """Which flat thread, at which step, copies each output element.
 
     The model's prediction of a kernel trace: ``kernels.host_emu.launch(...,
@@ -328,7 +338,8 @@ def _window_units(addrs, row_bytes, unit, window):
     return total
 
 
-def footprint(index, row_bytes, *, sort=False, window=1, src_addr=0):
+def footprint(index: npt.ArrayLike, row_bytes: int, *, sort: bool = False, window: int = 1,
+              src_addr: int = 0) -> Footprint:
     """Sectors and pages a gather of ``index`` rows touches in host memory.
 
     Parameters
@@ -369,7 +380,7 @@ def footprint(index, row_bytes, *, sort=False, window=1, src_addr=0):
                      int(_window_units(addrs, row_bytes, PAGE_2M, window)))
 
 
-def sorting_gain(index, row_bytes, *, window, src_addr=0):
+def sorting_gain(index: npt.ArrayLike, row_bytes: int, *, window: int, src_addr: int = 0) -> dict[str, float]:
     """How much sorting ``index`` shrinks each count of :func:`footprint`: unsorted over sorted (>= 1).
 
     The model's prediction of a sorted variant's gain where the gather is bound by that count (bytes on

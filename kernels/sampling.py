@@ -35,6 +35,10 @@ Picks for one node of in-degree ``d`` with fanout ``k`` (``k < 0``: all)
       weights, summed in edge order.
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+
 import numpy as np
 from numba import njit, prange, uint64
 
@@ -65,7 +69,7 @@ _ONE = uint64(1)
 
 
 @njit(inline="always", cache=True)
-def mix(z):
+def mix(z: int) -> int:
     """splitmix64's finaliser of a uint64."""
     z = uint64(z)
     z = (z ^ (z >> _S30)) * _M1
@@ -74,31 +78,31 @@ def mix(z):
 
 
 @njit(inline="always", cache=True)
-def node_stream(key, hop, node):
+def node_stream(key: int, hop: int, node: int) -> int:
     """The stream of one node at one hop of the batch keyed ``key``."""
     return mix(mix(uint64(key) + (uint64(hop) + _ONE) * _G) ^ uint64(node))
 
 
 @njit(inline="always", cache=True)
-def draw(stream, n):
+def draw(stream: int, n: int) -> int:
     """The ``n``-th 64-bit draw of a stream."""
     return mix(uint64(stream) + (uint64(n) + _ONE) * _G)
 
 
 @njit(inline="always", cache=True)
-def below(x, m):
+def below(x: int, m: int) -> np.int64:
     """A uniform integer in ``[0, m)`` from a 64-bit draw (``m < 2**32``)."""
     return np.int64(((uint64(x) >> _S32) * uint64(m)) >> _S32)
 
 
 @njit(inline="always", cache=True)
-def unit(x):
+def unit(x: int) -> np.float64:
     """A uniform real in ``(0, 1]`` from a 64-bit draw."""
     return (np.float64(uint64(x) >> _S11) + 1.0) * (1.0 / 9007199254740992.0)
 
 
 @njit(inline="always", cache=True)
-def pick_count(d, k, replace, positive):
+def pick_count(d: int, k: int, replace: bool, positive: int) -> int:
     """How many edges a node of in-degree ``d`` (``positive`` of them of positive weight) gives."""
     if k < 0:
         return positive
@@ -195,7 +199,8 @@ def _weighted_replace(stream, w, lo, d, k, out, off):
 
 
 @njit(inline="always", cache=True)
-def pick(stream, w, weighted, lo, d, k, count, replace, out, keys, off):
+def pick(stream: int, w: np.ndarray, weighted: bool, lo: int, d: int, k: int, count: int, replace: bool,
+         out: np.ndarray, keys: np.ndarray, off: int) -> None:
     """Write one node's ``count`` picked edge offsets (``0 <= p < d``) to ``out[off:off + count]``."""
     if count == 0:
         return
@@ -304,7 +309,9 @@ def _picks_serial(indptr, indices, eids, has_eids, weights, weighted, frontier, 
                   eid, keys, i)
 
 
-def sample_hop(indptr, indices, eids, weights, frontier, fanout, replace, key, hop):
+def sample_hop(indptr: np.ndarray, indices: np.ndarray, eids: np.ndarray | None, weights: np.ndarray | None,
+               frontier: np.ndarray, fanout: int, replace: bool, key: int,
+               hop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One hop's picks: ``(neighbours, edge ids, offsets)`` of every node in ``frontier`` (numpy, CPU).
 
     Node ``frontier[i]``'s picks are ``neighbours[offsets[i]:offsets[i + 1]]``,
@@ -332,7 +339,7 @@ def sample_hop(indptr, indices, eids, weights, frontier, fanout, replace, key, h
 
 
 @njit(cache=True)
-def relabel(nodes, count, marks, nbr, local):
+def relabel(nodes: np.ndarray, count: int, marks: np.ndarray, nbr: np.ndarray, local: np.ndarray) -> int:
     """Batch-local ids of ``nbr`` in ``local``; nodes seen first are appended to ``nodes[count:]``.
 
     ``marks[v]`` holds ``v``'s local id plus one (0: not in the batch yet).
@@ -354,7 +361,7 @@ def relabel(nodes, count, marks, nbr, local):
 
 
 @njit(cache=True)
-def place_seeds(nodes, marks, seeds):
+def place_seeds(nodes: np.ndarray, marks: np.ndarray, seeds: np.ndarray) -> int:
     """Put ``seeds`` first in ``nodes``, every one in its place (a repeated seed too, marked at its first place)."""
     for i in range(seeds.shape[0]):
         v = seeds[i]
@@ -365,14 +372,14 @@ def place_seeds(nodes, marks, seeds):
 
 
 @njit(cache=True)
-def reset_marks(marks, nodes, count):
+def reset_marks(marks: np.ndarray, nodes: np.ndarray, count: int) -> None:
     """Clear the marks of ``nodes[:count]`` (only those touched, not the whole array)."""
     for i in range(count):
         marks[nodes[i]] = 0
 
 
 @njit(cache=True)
-def check_csc(indptr, num_edges, indices, num_src):
+def check_csc(indptr: np.ndarray, num_edges: int, indices: np.ndarray, num_src: int) -> tuple[int, int]:
     """``-1`` when ``indptr`` and ``indices`` form a valid CSC, else a code: see :mod:`directload.graph`.
 
     Codes: 1 ``indptr[0] != 0``; 2 decreasing ``indptr`` (at position ``pos``);
@@ -402,7 +409,10 @@ def _targets(offsets, start, col):
             col[q] = start + i
 
 
-def sample_batch(indptr, indices, eids, weights, seeds, fanouts, replace, key, layout, marks):
+def sample_batch(indptr: np.ndarray, indices: np.ndarray, eids: np.ndarray | None, weights: np.ndarray | None,
+                 seeds: np.ndarray, fanouts: Iterable[int], replace: bool, key: int, layout: str,
+                 marks: np.ndarray) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray, np.ndarray]], list[int],
+                                             list[int]]:
     """One batch: ``(nodes, hops, num_sampled_nodes, num_sampled_edges)`` (numpy, CPU).
 
     ``nodes`` are the batch's global node ids, seeds first, then each hop's

@@ -15,7 +15,11 @@ the fanouts and the graph's size, and kernels past the device-side counts idle. 
 edge count once.
 """
 
+from __future__ import annotations
+
 import threading
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -34,9 +38,11 @@ _C_TYPES = {torch.int32: "int", torch.int64: "long long", torch.float32: "float"
 _INDEX = (torch.int32, torch.int64)
 _REAL = (torch.float32, torch.float64)
 _NULL = np.uint64(0)
+#: One hop of a batch: ``(row, col, eid)``.
+Hop = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def name_expression(kernel, types):
+def name_expression(kernel: str, types: Sequence[torch.dtype]) -> str:
     """The template name expression of ``kernel`` over torch dtypes ``types``.
 
     >>> name_expression("sample_counts", (torch.int64, torch.float32))
@@ -49,7 +55,7 @@ def name_expression(kernel, types):
     return f"{kernel}<{', '.join(_C_TYPES[t] for t in types)}>"
 
 
-def kernel_names():
+def kernel_names() -> list[str]:
     """Every specialisation of sample.cu: indptr and indices int32/int64, edge ids int32/int64, weights
     float32/float64.
 
@@ -62,6 +68,17 @@ def kernel_names():
     names += [name_expression(k, (i,)) for k in ("relabel_claim", "place_seeds", "relabel_flag", "relabel_append",
                                                   "relabel_rows") for i in _INDEX]
     return names + ["reset_marks"]
+
+
+class SampleLauncher(Protocol):
+    """What :func:`run_hop` and :func:`run_batch` launch through: :class:`CupyLauncher`, or the host emulation's
+    ``kernels.host_emu_sample.Launcher``."""
+
+    def launch(self, kernel: str, types: Sequence[torch.dtype], threads: int, args: Sequence[np.generic]) -> None:
+        """Start ``kernel<types>`` for ``threads`` grid-strided threads; ``args`` are numpy scalars."""
+
+    def empty(self, size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """An uninitialised buffer of ``size`` elements."""
 
 
 class CupyLauncher:
@@ -81,17 +98,17 @@ class CupyLauncher:
     torch.Size([4])
     """
 
-    def __init__(self, device_id, stream_ptr):
+    def __init__(self, device_id: int, stream_ptr: int) -> None:
         self.device_id, self.stream_ptr = device_id, stream_ptr
 
-    def launch(self, kernel, types, threads, args):
+    def launch(self, kernel: str, types: Sequence[torch.dtype], threads: int, args: Sequence[np.generic]) -> None:
         """Start ``kernel<types>`` for ``threads`` grid-strided threads; ``args`` are numpy scalars."""
         from .cupy_backend import launch_kernel
 
         launch_kernel(self.device_id, name_expression(kernel, types), threads, args, self.stream_ptr,
                       source=SOURCE, options=NVRTC_OPTIONS)
 
-    def empty(self, size, dtype, device):
+    def empty(self, size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """An uninitialised buffer of ``size`` elements (the kernels write every element that is read)."""
         return torch.empty(size, dtype=dtype, device=device)
 
@@ -136,7 +153,9 @@ def _picks(launcher, graph, nodes, lo_at, hi_at, bound, edges, replace, key, hop
     return nbr, eid
 
 
-def run_hop(launcher, indptr, indices, eids, weights, frontier, fanout, replace, key, hop):
+def run_hop(launcher: SampleLauncher, indptr: torch.Tensor, indices: torch.Tensor, eids: torch.Tensor | None,
+            weights: torch.Tensor | None, frontier: torch.Tensor, fanout: int, replace: bool, key: int,
+            hop: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`sample_hop` over ``launcher``; reads the hop's edge count once.
 
     Returns
@@ -227,7 +246,9 @@ def _plan(n_seeds, fanouts, replace, pyg, num_nodes, num_edges):
     return node
 
 
-def run_batch(launcher, indptr, indices, eids, weights, seeds, fanouts, replace, key, layout, marks):
+def run_batch(launcher: SampleLauncher, indptr: torch.Tensor, indices: torch.Tensor, eids: torch.Tensor | None,
+              weights: torch.Tensor | None, seeds: torch.Tensor, fanouts: Sequence[int], replace: bool, key: int,
+              layout: str, marks: torch.Tensor) -> tuple[torch.Tensor, list[Hop], list[int], list[int]]:
     """:func:`sample_batch` over ``launcher``, with the caller's ``marks`` (all zero, one int64 per node, on
     ``seeds``' device; returned all zero).
 
@@ -347,7 +368,9 @@ class _Marks(threading.local):
 _MARKS = _Marks()
 
 
-def sample_hop(indptr, indices, eids, weights, frontier, fanout, replace, key, hop):
+def sample_hop(indptr: torch.Tensor, indices: torch.Tensor, eids: torch.Tensor | None, weights: torch.Tensor | None,
+               frontier: torch.Tensor, fanout: int, replace: bool, key: int,
+               hop: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One hop's picks on the GPU: ``(neighbours, edge ids, offsets)`` of every node in ``frontier``.
 
     As ``kernels.sampling.sample_hop``, on ``frontier``'s CUDA device and current stream; one host read (the
@@ -390,7 +413,9 @@ def sample_hop(indptr, indices, eids, weights, frontier, fanout, replace, key, h
                    int(hop))
 
 
-def sample_batch(indptr, indices, eids, weights, seeds, fanouts, replace, key, layout, device):
+def sample_batch(indptr: torch.Tensor, indices: torch.Tensor, eids: torch.Tensor | None, weights: torch.Tensor | None,
+                 seeds: torch.Tensor, fanouts: Sequence[int], replace: bool, key: int, layout: str,
+                 device: torch.device | str) -> tuple[torch.Tensor, list[Hop], list[int], list[int]]:
     """One batch on the GPU: ``(nodes, hops, num_sampled_nodes, num_sampled_edges)``.
 
     As ``kernels.sampling.sample_batch``, with the node marks kept on ``device`` per thread instead of passed

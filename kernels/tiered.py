@@ -14,8 +14,12 @@ C kernels (``cuda/gather.cu``, through CuPy), the CPU kernel below and the
 transaction model (``pcie_model.count_tiered``).
 """
 
+from __future__ import annotations
+
 import importlib
 import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -29,17 +33,20 @@ from .devices import MAPPED, memory_of
 from .indexing import tier_row
 from .operands import memory_span, out_of_range, overlaps
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
 __all__ = ["gather_tiered", "check_where", "flat_where", "fill_slots"]
 
 _tier_row = njit(inline="always")(tier_row)
 
 
-def flat_where(offsets):
+def flat_where(offsets: npt.ArrayLike) -> np.ndarray:
     """``where`` values for rows of the flat tier at element ``offsets`` (``-offset - 1``)."""
     return -np.asarray(offsets, np.int64) - 1
 
 
-def check_where(where, n_slots, flat_elems, row_elems):
+def check_where(where: np.ndarray | torch.Tensor, n_slots: int, flat_elems: int, row_elems: int) -> None:
     """Raise ``IndexError`` when a ``where`` value points outside its tier.  Every value, before any copy.
 
     Parameters
@@ -116,7 +123,7 @@ def _cpu_fill(*args):
     return (_cpu_fill_parallel if cpu.get_num_threads() > 1 else _cpu_fill_serial)(*args)
 
 
-def fill_slots(table, slots, flat, offsets):
+def fill_slots(table: torch.Tensor, slots: npt.ArrayLike, flat: torch.Tensor, offsets: npt.ArrayLike) -> torch.Tensor:
     """``table[slots[k]]`` = the flat tier's row at element ``offsets[k]``: a cache taking in rows that
     just arrived in staging, in one copy.  A GPU ``table`` is filled by the tiered gather and a copy.
 
@@ -162,7 +169,9 @@ def _flat_bits(t):
     return t.view(_CARRIER[t.element_size()]).reshape(-1)
 
 
-def gather_tiered(cache, flat, where, *, out=None, aligned=True, backend="auto", device=None):
+def gather_tiered(cache: torch.Tensor, flat: torch.Tensor, where: torch.Tensor, *, out: torch.Tensor | None = None,
+                  aligned: bool = True, backend: str = "auto",
+                  device: torch.device | str | None = None) -> torch.Tensor:
     """``out[r]`` = cache row ``where[r]`` (``>= 0``) or the flat tier's row at element ``-where[r] - 1``.
 
     Parameters
@@ -201,9 +210,10 @@ def gather_tiered(cache, flat, where, *, out=None, aligned=True, backend="auto",
         raise TypeError(f"where must be a 1-D int64 tensor, got {where.dtype} with shape {tuple(where.shape)}")
     where = where.contiguous()  # the CUDA C kernel reads a raw pointer: the values checked are the values read
     device = where.device if device is None else torch.device(device)
-    if device.type == "cuda" and device.index is None:
+    # Ignored below: ``device`` is a torch.device from here on, but mypy keeps the parameter's ``str``.
+    if device.type == "cuda" and device.index is None:  # type: ignore[union-attr]
         device = torch.device("cuda", torch.cuda.current_device())
-    if device.type not in ("cpu", "cuda") or (device.type == "cpu" and where.is_cuda):
+    if device.type not in ("cpu", "cuda") or (device.type == "cpu" and where.is_cuda):  # type: ignore[union-attr]
         raise ValueError(f"device must be a CUDA device (or the CPU, for a CPU where), got {device}")
     if cache.dim() < 1 or flat.dim() != 1 or cache.dtype != flat.dtype:
         raise ValueError("cache is [slots, *row_shape] and flat 1-D, of one dtype; got "
@@ -216,12 +226,12 @@ def gather_tiered(cache, flat, where, *, out=None, aligned=True, backend="auto",
     row_elems = math.prod(row_shape)
     shape = (where.shape[0], *row_shape)
     if out is None:  # a large CPU result comes from the recycling pool, as a plain gather's does
-        out = torch.empty(shape, dtype=cache.dtype, device=device) if device.type == "cuda" else \
-            _new_cpu_out(shape, cache.dtype)
+        out = (torch.empty(shape, dtype=cache.dtype, device=device) if device.type == "cuda"  # type: ignore[union-attr]
+               else _new_cpu_out(shape, cache.dtype))
     elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != cache.dtype
           or out.device != device or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous {cache.dtype} tensor of shape {shape} on {device}")
-    if device.type == "cuda":
+    if device.type == "cuda":  # type: ignore[union-attr]
         if memory_of(flat) != MAPPED or memory_of(cache) not in (MAPPED, device):
             raise ValueError("a GPU tiered gather reads the flat tier zero-copy (pinned, mapped host memory) and "
                              f"the cache from {device} or mapped memory")
@@ -246,7 +256,8 @@ def gather_tiered(cache, flat, where, *, out=None, aligned=True, backend="auto",
     return out
 
 
-def launch_tiered(cache, flat, where, out, *, aligned=True, stream=0):
+def launch_tiered(cache: torch.Tensor, flat: torch.Tensor, where: torch.Tensor, out: torch.Tensor, *,
+                  aligned: bool = True, stream: int = 0) -> None:
     """The CPU backend's tiered launch (the same signature as ``numba_cuda.launch_tiered`` and
     ``cupy_backend.launch_tiered``): ``out[r]`` = cache row ``where[r]``, or the flat tier's row at element
     ``-where[r] - 1``.  Torch tensors of one bit carrier, ``cache`` and ``flat`` 1-D, ``out``
@@ -254,7 +265,7 @@ def launch_tiered(cache, flat, where, out, *, aligned=True, stream=0):
     _cpu_tiered(cache.numpy(), flat.numpy(), where.numpy(), out.numpy(), out.shape[1])
 
 
-def tiered_launcher(name):
+def tiered_launcher(name: str) -> Callable[..., None]:
     """The ``launch_tiered`` function of backend ``name`` (``"cpu"``, ``"numba_cuda"`` or ``"cupy"``)."""
     if name == "cpu":
         return launch_tiered

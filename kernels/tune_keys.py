@@ -5,12 +5,15 @@ sources), so a new driver, torch or kernel is a new key, timed afresh; and the k
 element size, alignment, a bucket of the id count and one of the table's bytes).
 """
 
+# No ``from __future__ import annotations`` here: TuneKey.from_json reads its fields' types at runtime.
+
 import ctypes
 import functools
 import hashlib
 import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any, Self
 
 import torch
 
@@ -23,7 +26,7 @@ __all__ = ["TuneKey", "key_for", "environment", "sources_hash", "id_bucket", "ta
 _SOURCE_FILES = ("variants.py", "cupy_backend.py", "numba_cuda.py", "numba_kernels.py")
 
 
-def id_bucket(n_ids):
+def id_bucket(n_ids: int) -> int:
     """The power of 2 at or below ``n_ids`` (0 for none): ids ``[b, 2b)`` share a choice.
 
     >>> id_bucket(0), id_bucket(1), id_bucket(1023), id_bucket(1024), id_bucket(2047)
@@ -32,7 +35,7 @@ def id_bucket(n_ids):
     return 1 << (n_ids.bit_length() - 1) if n_ids > 0 else 0
 
 
-def table_bucket(n_bytes):
+def table_bucket(n_bytes: int) -> int:
     """The power of 4 at or below ``n_bytes`` (0 for none): tables of ``[b, 4b)`` bytes share a choice.
 
     >>> table_bucket(0), table_bucket(1 << 28), table_bucket((1 << 30) - 1), table_bucket(1 << 30)
@@ -42,7 +45,7 @@ def table_bucket(n_bytes):
 
 
 @functools.cache
-def sources_hash():
+def sources_hash() -> str:
     """The first 16 hex digits of a SHA-256 over the GPU kernels' sources: ``kernels/cuda/*.cu`` and the
     Python that builds and launches them.
 
@@ -58,7 +61,7 @@ def sources_hash():
     return digest.hexdigest()[:16]
 
 
-def nvidia_module_version(text):
+def nvidia_module_version(text: str) -> str:
     """The driver's version in the text of ``/proc/driver/nvidia/version`` (``""`` if none).
 
     >>> nvidia_module_version("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 2024")
@@ -89,10 +92,10 @@ def _driver_version():
     return ""
 
 
-_environments = {}
+_environments: dict[int, tuple[str, str, str, str, str]] = {}
 
 
-def environment(device):
+def environment(device: torch.device | int | str) -> tuple[str, str, str, str, str]:
     """The fields of a key that describe where it runs: ``gpu``, ``driver``, ``torch``, ``cuda`` (the
     runtime torch was built with) and ``sources`` (:func:`sources_hash`).  Asked once per device.
 
@@ -164,17 +167,18 @@ class TuneKey:
     table: int
 
     @classmethod
-    def of(cls, env, row_bytes, elem_bytes, n_ids, n_rows, align=16):
+    def of(cls, env: tuple[str, str, str, str, str], row_bytes: int, elem_bytes: int, n_ids: int, n_rows: int,
+           align: int = 16) -> Self:
         """The key of a gather of ``n_ids`` rows of ``row_bytes`` from a table of ``n_rows``, run in ``env``
         (:func:`environment`'s tuple)."""
         return cls(*env, row_bytes, elem_bytes, align, id_bucket(n_ids), table_bucket(n_rows * row_bytes))
 
-    def to_json(self):
+    def to_json(self) -> dict[str, Any]:
         """A plain dict of the fields."""
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data):
+    def from_json(cls, data: object) -> Self:
         """The inverse of :meth:`to_json`; ``ValueError`` for anything else."""
         if not isinstance(data, dict) or set(data) != {f.name for f in fields(cls)}:
             raise ValueError(f"a tuner key has the fields {[f.name for f in fields(cls)]}, got {data!r:.200}")
@@ -185,7 +189,8 @@ class TuneKey:
         return cls(**data)
 
 
-def key_for(device, row_bytes, elem_bytes, n_ids, n_rows, align=16):
+def key_for(device: torch.device | int | str, row_bytes: int, elem_bytes: int, n_ids: int, n_rows: int,
+            align: int = 16) -> TuneKey:
     """The :class:`TuneKey` of a gather on CUDA ``device``: :meth:`TuneKey.of` in :func:`environment`.
 
     Examples

@@ -1,12 +1,16 @@
 """The tuner's records (what timing one key found) and its cache file, written whole or not at all."""
 
+from __future__ import annotations
+
 import json
 import math
 import os
 import tempfile
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .sources import cache_dir
 from .tune_keys import TuneKey
@@ -18,7 +22,7 @@ __all__ = ["TuneRecord", "ChoiceFile", "TunerCacheWarning", "FORMAT", "one_line"
 FORMAT = 1
 
 
-def one_line(exc):
+def one_line(exc: BaseException) -> str:
     """An exception as one line of at most 300 characters: ``"TypeName: message"``.
 
     >>> one_line(ValueError("bad\\n  thing"))
@@ -66,32 +70,32 @@ class TuneRecord:
 
     key: TuneKey
     chosen: str
-    times_ms: tuple
-    failed: tuple
-    untimed: tuple
+    times_ms: tuple[tuple[str, float], ...]
+    failed: tuple[tuple[str, str], ...]
+    untimed: tuple[str, ...]
     note: str
     budget_ms: float
 
     @property
-    def complete(self):
+    def complete(self) -> bool:
         """Every candidate was timed or failed."""
         return not self.untimed
 
     @property
-    def speedup(self):
+    def speedup(self) -> float | None:
         """``index_select``'s time over the choice's (``None`` where either was not timed)."""
         times = dict(self.times_ms)
         base, best = times.get("index_select"), times.get(self.chosen)
         return base / best if base and best else None
 
-    def to_json(self):
+    def to_json(self) -> dict[str, Any]:
         """A plain dict, the key's fields under ``"key"``."""
         return {"key": self.key.to_json(), "chosen": self.chosen, "times_ms": dict(self.times_ms),
                 "failed": dict(self.failed), "untimed": list(self.untimed), "note": self.note,
                 "budget_ms": self.budget_ms}
 
     @classmethod
-    def from_json(cls, data):
+    def from_json(cls, data: Any) -> TuneRecord:
         """The inverse of :meth:`to_json`; ``ValueError`` for anything else."""
         try:
             times = tuple((str(k), float(v)) for k, v in data["times_ms"].items())
@@ -104,7 +108,7 @@ class TuneRecord:
             raise ValueError("a tuner record's times are finite milliseconds >= 0")
         return record
 
-    def row(self):
+    def row(self) -> dict[str, Any]:
         """One row of :meth:`Tuner.table`: the key's fields, then the outcome."""
         return {**self.key.to_json(), "chosen": self.chosen, "times_ms": dict(self.times_ms),
                 "failed": dict(self.failed), "untimed": list(self.untimed), "note": self.note,
@@ -129,10 +133,10 @@ class ChoiceFile:
     []
     """
 
-    def __init__(self, path=None):
+    def __init__(self, path: os.PathLike[str] | str | None = None) -> None:
         self.path = Path(path) if path is not None else _default_path()
 
-    def load(self):
+    def load(self) -> list[TuneRecord]:
         """The records in the file (``[]`` if none)."""
         try:
             text = self.path.read_text(encoding="utf-8")
@@ -162,7 +166,7 @@ class ChoiceFile:
                       TunerCacheWarning, stacklevel=4)
         return []
 
-    def save(self, records):
+    def save(self, records: Iterable[TuneRecord]) -> bool:
         """Add ``records`` to the file's (replacing those of the same keys); ``False``, with a warning, if
         it cannot be written."""
         merged = {r.key: r for r in self.load()}
@@ -185,7 +189,7 @@ class ChoiceFile:
             return False
         return True
 
-    def clear(self):
+    def clear(self) -> bool:
         """Remove the file and any partial of it a killed save left; whether the file was there."""
         for partial in self.path.parent.glob(self.path.name + ".*.partial"):
             partial.unlink(missing_ok=True)

@@ -22,6 +22,8 @@ where ``run(variant)`` launches one gather with ``variant`` on the current strea
 first gather of a key only.
 """
 
+from __future__ import annotations
+
 import functools
 import math
 import os
@@ -29,11 +31,19 @@ import statistics
 import threading
 import time
 import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .tune_store import ChoiceFile, TuneRecord, one_line
 from .variants import Variant, default_variant
+
+if TYPE_CHECKING:
+    from .tune_keys import TuneKey
+
+#: ``timer(fn)``: the milliseconds of one call of ``fn``.
+Timer = Callable[[Callable[[], object]], float]
 
 __all__ = ["Tuner", "CudaEventTimer", "get_tuner", "tuning_enabled", "time_candidates", "tuner_state", "ENV_VAR",
            "BUDGET_S", "REPEATS"]
@@ -47,7 +57,7 @@ REPEATS = 5
 _OFF = frozenset({"0", "off", "false", "no"})
 
 
-def tuning_enabled(environ=None):
+def tuning_enabled(environ: Mapping[str, str] | None = None) -> bool:
     """Whether the tuner times candidates: yes unless ``DIRECTLOAD_TUNE`` is ``0``, ``off``, ``false`` or ``no``.
 
     >>> tuning_enabled({}), tuning_enabled({"DIRECTLOAD_TUNE": "0"}), tuning_enabled({"DIRECTLOAD_TUNE": "1"})
@@ -68,7 +78,7 @@ class CudaEventTimer:
     True
     """
 
-    def __call__(self, fn):
+    def __call__(self, fn: Callable[[], object]) -> float:
         stream = torch.cuda.current_stream()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record(stream)
@@ -97,7 +107,9 @@ def _median_ms(fn, timer, clock, deadline, repeats):
     return statistics.median(samples)
 
 
-def time_candidates(key, candidates, run, *, timer, clock=time.monotonic, budget_s=BUDGET_S, repeats=REPEATS):
+def time_candidates(key: TuneKey, candidates: Sequence[Variant], run: Callable[[Variant], object], *, timer: Timer,
+                    clock: Callable[[], float] = time.monotonic, budget_s: float = BUDGET_S,
+                    repeats: int = REPEATS) -> TuneRecord:
     """Time each candidate and pick the fastest.  ``index_select`` goes first and is always timed (it is
     added where ``candidates`` lack it).
 
@@ -158,8 +170,8 @@ def time_candidates(key, candidates, run, *, timer, clock=time.monotonic, budget
                       budget_s * 1e3)
 
 
-_tuners = weakref.WeakSet()
-_DEFAULT = object()
+_tuners: weakref.WeakSet[Tuner] = weakref.WeakSet()
+_DEFAULT: Any = object()  # Tuner's store when none is passed: the default cache file
 
 
 class Tuner:
@@ -194,34 +206,36 @@ class Tuner:
     'rowvec16x16'
     """
 
-    def __init__(self, *, timer=None, clock=time.monotonic, store=_DEFAULT, budget_s=BUDGET_S, repeats=REPEATS,
-                 enabled=None):
+    def __init__(self, *, timer: Timer | None = None, clock: Callable[[], float] = time.monotonic,
+                 store: ChoiceFile | os.PathLike[str] | str | None = _DEFAULT, budget_s: float = BUDGET_S,
+                 repeats: int = REPEATS, enabled: bool | None = None) -> None:
         self.timer = CudaEventTimer() if timer is None else timer
         self.clock = clock
         self.store = ChoiceFile() if store is _DEFAULT else (
             store if store is None or isinstance(store, ChoiceFile) else ChoiceFile(store))
         self.budget_s, self.repeats = budget_s, repeats
         self.enabled = tuning_enabled() if enabled is None else bool(enabled)
-        self._choices = {}  # TuneKey -> Variant: the hot path
-        self._records = {}  # TuneKey -> TuneRecord
+        self._choices: dict[TuneKey, Variant] = {}  # the hot path
+        self._records: dict[TuneKey, TuneRecord] = {}
         self._loaded = self.store is None or not self.enabled  # timing off: the defaults, not the file's
         self._lock = threading.Lock()  # the two dicts and the load
         self._timing = threading.Lock()  # one key timed at a time (two would disturb each other's times)
         _tuners.add(self)
 
-    def lookup(self, key):
+    def lookup(self, key: TuneKey) -> Variant | None:
         """The chosen :class:`Variant` for ``key``, or ``None`` if it has not been chosen.  A dict lookup
         (the cache file is read on the first call)."""
         if not self._loaded:
             self._load()
         return self._choices.get(key)
 
-    def record(self, key):
+    def record(self, key: TuneKey) -> TuneRecord | None:
         """The :class:`TuneRecord` of ``key``, or ``None``."""
         self.lookup(key)
         return self._records.get(key)
 
-    def choose(self, key, candidates, run, *, timer=None):
+    def choose(self, key: TuneKey, candidates: Sequence[Variant], run: Callable[[Variant], object], *,
+               timer: Timer | None = None) -> Variant:
         """The variant for ``key``: the one chosen before, else the fastest of ``candidates``, timed now.
 
         With timing off (``DIRECTLOAD_TUNE=0``), :func:`~directload.kernels.variants.default_variant`.  A
@@ -255,7 +269,7 @@ class Tuner:
                                      budget_s=self.budget_s, repeats=self.repeats)
             return self._keep(record)
 
-    def report_failure(self, key, variant, error):
+    def report_failure(self, key: TuneKey, variant: Variant, error: BaseException) -> Variant:
         """``variant``, chosen for ``key``, failed when a gather ran it: mark it failed and return the next
         fastest timed candidate (``index_select`` if none)."""
         with self._timing:
@@ -285,7 +299,7 @@ class Tuner:
                 self._choices.setdefault(record.key, Variant.parse(record.chosen))
             self._loaded = True
 
-    def table(self):
+    def table(self) -> list[dict[str, Any]]:
         """Every timed choice, this process's and the cache file's, as :meth:`TuneRecord.row` dicts sorted
         by key (timing off: the defaults in use are not listed)."""
         records = {r.key: r for r in (self.store.load() if self.store is not None else ())}
@@ -293,7 +307,7 @@ class Tuner:
             records.update(self._records)
         return [records[k].row() for k in sorted(records)]
 
-    def clear(self):
+    def clear(self) -> bool:
         """Forget every choice, in memory and in the cache file; whether the file was there."""
         with self._timing, self._lock:
             self._choices.clear()
@@ -302,11 +316,11 @@ class Tuner:
             return self.store.clear() if self.store is not None else False
 
 
-_default = None
+_default: Tuner | None = None
 _default_lock = threading.Lock()
 
 
-def get_tuner():
+def get_tuner() -> Tuner:
     """This process's :class:`Tuner` (made on first use: the cache file, :class:`CudaEventTimer`, and
     ``DIRECTLOAD_TUNE`` as it is then).
 
@@ -321,7 +335,7 @@ def get_tuner():
     return _default
 
 
-def tuner_state():
+def tuner_state() -> dict[str, bool | str | int]:
     """What ``directload info`` shows: whether timing is on, the cache file, and how many choices it holds.
 
     >>> sorted(tuner_state())

@@ -15,6 +15,8 @@ One home for the choices the backends launch, the tuner times and the benchmarks
 WholeGraph's choice for host tables with small rows: neighbouring ids share pages and lines).
 """
 
+from __future__ import annotations
+
 import math
 from dataclasses import dataclass
 
@@ -58,13 +60,13 @@ class Variant:
             raise ValueError(f"{self.kernel} takes no width or lanes")
 
     @property
-    def name(self):
+    def name(self) -> str:
         """A short, stable name: ``rowvec16x8``, ``rowvec16x32+sort``, ``index_select``..."""
         base = f"rowvec{self.width}x{self.lanes}" if self.kernel == "rowvec" else self.kernel
         return base + ("+sort" if self.sorted else "")
 
     @classmethod
-    def parse(cls, name):
+    def parse(cls, name: str) -> Variant:
         """The inverse of :attr:`name`."""
         if not isinstance(name, str):
             raise TypeError(f"a variant name is a str, got {type(name).__name__}")
@@ -79,7 +81,7 @@ class Variant:
         return cls(base, sorted=bool(tail))
 
 
-def legal_width(row_bytes, src_addr, out_addr):
+def legal_width(row_bytes: int, src_addr: int, out_addr: int) -> int:
     """The widest vector rowvec may use between these tables: ``gcd(16, src, out, row bytes)``.
 
     ``src_addr``/``out_addr`` are the tables' base addresses.  Every row of both then starts on a
@@ -93,7 +95,7 @@ def legal_width(row_bytes, src_addr, out_addr):
     return math.gcd(16, row_bytes, src_addr % 16 or 16, out_addr % 16 or 16)
 
 
-def sub_warp_lanes(row_bytes, width):
+def sub_warp_lanes(row_bytes: int, width: int) -> int:
     """Lanes per row: enough that each lane copies at least one vector, at most a warp.
 
     Rows under :data:`SMALL_ROW` bytes get 1-16 lanes, so several rows share a warp; larger rows a whole
@@ -111,14 +113,14 @@ def sub_warp_lanes(row_bytes, width):
     return lanes
 
 
-def default_variant(row_bytes, src_addr, out_addr, *, sort=False):
+def default_variant(row_bytes: int, src_addr: int, out_addr: int, *, sort: bool = False) -> Variant:
     """rowvec at 16-byte loads (a head and tail where rows are not 16-byte aligned): the choice when nothing
     was timed."""
     del src_addr, out_addr  # the kernel aligns each row itself
     return Variant("rowvec", 16, sub_warp_lanes(row_bytes, 16), sort)
 
 
-def candidates(row_bytes, src_addr, out_addr):
+def candidates(row_bytes: int, src_addr: int, out_addr: int) -> list[Variant]:
     """Every variant for these tables, each unsorted and sorted: what the tuner times.
 
     rowvec at 16 and 8 bytes (with a head and tail where rows or tables are not that aligned) and at the

@@ -7,6 +7,8 @@ machinery serves any sampler that yields tuples, lists, dicts, tensors or
 graph objects with ``to(device)``.
 """
 
+from __future__ import annotations
+
 import atexit
 import contextlib
 import math
@@ -15,7 +17,8 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,14 +26,17 @@ from directload.errors import DirectloadError
 from directload.stores import CacheStats
 from directload.units import check_int
 
+if TYPE_CHECKING:
+    from directload.stores import FeatureStore
+
 __all__ = ["Pipeline", "Epoch", "PipelineError", "BatchAdapter", "resolve_sampling", "resolve_overlap",
            "choose_lookahead", "check_lookahead", "AutoLookahead"]
 
 _DONE = object()
-_live = weakref.WeakSet()
+_live: weakref.WeakSet[Pipeline] = weakref.WeakSet()
 
 
-def resolve_sampling(sample_in_thread, num_workers):
+def resolve_sampling(sample_in_thread: bool | None, num_workers: int) -> bool:
     """Whether stage 1 samples on a background thread.  Pure.
 
     DGL draws neighbours from a per-thread random stream, so sampling off the
@@ -49,7 +55,7 @@ def resolve_sampling(sample_in_thread, num_workers):
     return bool(sample_in_thread)
 
 
-def resolve_overlap(overlap, device, cpu_count, torch_threads):
+def resolve_overlap(overlap: bool | None, device: torch.device | str, cpu_count: int, torch_threads: int) -> bool:
     """Whether features are gathered on a background thread.  Pure.
 
     On a CUDA device the gather is GPU work on its own stream and the host
@@ -68,7 +74,7 @@ def resolve_overlap(overlap, device, cpu_count, torch_threads):
     return torch.device(device).type == "cuda" or cpu_count > torch_threads
 
 
-def choose_lookahead(fetch_s, compute_s, bound, low=1):
+def choose_lookahead(fetch_s: float, compute_s: float, bound: int, low: int = 1) -> int:
     """The look-ahead L that hides a batch's fetch behind compute, by Sentinel's model.  Pure.
 
     The fetch of batch ``i + L`` (``fetch_s`` seconds: its rows from disk into host slots) runs while
@@ -91,7 +97,7 @@ def choose_lookahead(fetch_s, compute_s, bound, low=1):
     return int(min(bound, max(low, math.ceil(fetch_s / compute_s - 1e-9) + 1)))
 
 
-def check_lookahead(lookahead):
+def check_lookahead(lookahead: object) -> int | str:
     """``lookahead`` as given when it is a positive integer or ``"auto"``, else ``ValueError``."""
     return check_int("lookahead", lookahead, also=("auto",))
 
@@ -113,19 +119,19 @@ class AutoLookahead:
     (4, [4])
     """
 
-    def __init__(self, start=4, bound=64):
+    def __init__(self, start: int = 4, bound: int = 64) -> None:
         self.start, self.bound = start, bound
-        self.chosen = []
+        self.chosen: list[int] = []
         self._next = start
-        self._before = None
+        self._before: dict[str, float] | None = None
 
-    def begin(self, stores):
+    def begin(self, stores: Iterable[FeatureStore]) -> int:
         """L for the epoch starting now."""
         self._before = _cache_counters(stores)
         self.chosen.append(self._next)
         return self._next
 
-    def end(self, stores, stats):
+    def end(self, stores: Iterable[FeatureStore], stats: Mapping[str, float]) -> None:
         """The epoch that began last ended normally, with pipeline ``stats``: choose the next L."""
         if self._before is None or not stats.get("batches"):
             return
@@ -171,22 +177,22 @@ class BatchAdapter:
     [2, 4, 6]
     """
 
-    def ids(self, batch):
+    def ids(self, batch: Any) -> torch.Tensor | Mapping[str, torch.Tensor] | None:
         """The ids the batch reads features for (what :meth:`Epoch.upcoming` lists), or None."""
         return None
 
-    def announce(self, batch):
+    def announce(self, batch: Any) -> None:
         """The batch was sampled: hint its ids to the stores it will read (``FeatureStore.prefetch``)."""
 
-    def start(self, batch):
+    def start(self, batch: Any) -> Any:
         """Start the batch's feature fetches; returns what :meth:`finish` takes."""
         return batch
 
-    def finish(self, started):
+    def finish(self, started: Any) -> Any:
         """Wait for the fetches, put the features in place and move the batch to the device."""
         return started
 
-    def stores(self):
+    def stores(self) -> Sequence[FeatureStore]:
         """The :class:`~directload.stores.FeatureStore` s behind the batches (``lookahead="auto"`` reads
         their caches' counters)."""
         return ()
@@ -245,8 +251,13 @@ class Pipeline:
     """
 
     POLL = 0.1  # seconds between checks of the stop flag while blocked
+    _auto: AutoLookahead | None
+    _sampler: threading.Thread | None
+    _gatherer: threading.Thread | None
+    _handed: float | None
 
-    def __init__(self, batches, adapter, *, device, lookahead, sample_in_thread, overlap):
+    def __init__(self, batches: Iterator[Any], adapter: BatchAdapter, *, device: torch.device | str,
+                 lookahead: int | AutoLookahead, sample_in_thread: bool, overlap: bool) -> None:
         if not isinstance(adapter, BatchAdapter):
             raise TypeError(f"adapter must be a BatchAdapter, not {type(adapter).__name__}")
         self._it = batches
@@ -260,10 +271,10 @@ class Pipeline:
         # At most `lookahead` batches are sampled and not yet handed out: the sampler thread
         # takes a slot before each batch and __next__ gives one back; on the caller, __next__
         # keeps the count itself.  So the queue never blocks.
-        self._sampled = queue.Queue()
+        self._sampled: queue.Queue[Any] = queue.Queue()
         self._slots = threading.Semaphore(lookahead)
-        self._ready = queue.Queue(maxsize=1)
-        self._upcoming = deque()
+        self._ready: queue.Queue[Any] = queue.Queue(maxsize=1)
+        self._upcoming: deque[Any] = deque()
         self._changed = threading.Condition()
         self._exhausted = False
         self.stats = {"sample_s": 0.0, "gather_s": 0.0, "wait_s": 0.0, "compute_s": 0.0, "batches": 0,
@@ -355,7 +366,7 @@ class Pipeline:
                 self._exhausted = True
                 self._put(self._sampled, _Failure(exc, None))
 
-    def prime(self):
+    def prime(self) -> None:
         """Sample the first ``lookahead`` batches (or wait until the sampler thread has), so
         :meth:`upcoming` is filled before the first batch is taken."""
         if not self._sample_in_thread:
@@ -363,7 +374,7 @@ class Pipeline:
             return
         with self._changed:
             while (len(self._upcoming) < self._lookahead and not self._exhausted and not self._stop.is_set()
-                   and self._sampler.is_alive()):
+                   and self._sampler.is_alive()):  # type: ignore[union-attr]  # set: sample_in_thread
                 self._changed.wait(self.POLL)
 
     # -- stage 2 ------------------------------------------------------------------
@@ -387,15 +398,15 @@ class Pipeline:
                 return
 
     # -- consumer -----------------------------------------------------------------
-    def upcoming(self):
+    def upcoming(self) -> list[Any]:
         """Ids of the batches sampled but not yet handed out, oldest first."""
         with self._changed:
             return list(self._upcoming)
 
-    def __iter__(self):
+    def __iter__(self) -> Pipeline:
         return self
 
-    def __next__(self):
+    def __next__(self) -> Any:
         with self._next_lock:
             return self._next()
 
@@ -446,7 +457,7 @@ class Pipeline:
         self._handed = time.perf_counter()
         return batch
 
-    def close(self):
+    def close(self) -> None:
         """Stop both stages and join their threads (idempotent, never blocks for long)."""
         threads = [t for t in (self._sampler, self._gatherer) if t is not None]
         if self._stop.is_set() and not any(t.is_alive() for t in threads):
@@ -483,24 +494,24 @@ class Epoch:
     ([], [1, 2], 2)
     """
 
-    def __init__(self, pipeline):
+    def __init__(self, pipeline: Pipeline) -> None:
         self._p = pipeline
 
-    def __iter__(self):
+    def __iter__(self) -> Epoch:
         return self
 
-    def __next__(self):
+    def __next__(self) -> Any:
         return next(self._p)
 
-    def upcoming(self):
+    def upcoming(self) -> list[Any]:
         """Ids of the batches sampled ahead but not yet yielded, oldest first."""
         return self._p.upcoming()
 
     @property
-    def stats(self):
+    def stats(self) -> dict[str, float]:
         return self._p.stats
 
-    def close(self):
+    def close(self) -> None:
         """Stop the pipeline's threads (idempotent)."""
         self._p.close()
 

@@ -134,6 +134,8 @@ run_tests() {
     "$DGL_VENV/bin/ruff" check .
     echo "== layers: imports flow one way (import-linter, .importlinter) =="
     _lint_imports
+    echo "== types: every public signature hinted, mypy (mypy.ini) =="
+    "$DGL_VENV/bin/python" scripts/check_types.py
     echo "== docs: mkdocs build --strict =="
     _build_docs
     echo "== DGL lane (torch 2.2.1): CPU, host emulation, offline compiles, DGL =="

@@ -9,7 +9,11 @@ thread starts) is not counted:
 * ``dgl``: one batch from DGL's sampler through directload's DataLoader to the CPU gather (DGL lane);
 * ``tiered``: one read through a TieredStore (device cache -> host cache -> TensorStore).
 
-Prints each trip's moves, moves back and files, and with ``--path`` the files in the order visited.
+Prints each trip's moves, moves back and files, and with ``--path`` the files in the order visited.  A
+move counts returns as well as calls; ``calls`` counts only the real edges, a call from a function in one
+of the package's files to one in another (the caller being the nearest frame of the package's own), and
+``back`` of those the calls into a file still on the caller's stack (a lower layer calling up into a file
+that called it: a corridor back through a seam).
 """
 
 import argparse
@@ -38,6 +42,7 @@ class Tracer:
 
     def __init__(self):
         self.steps = defaultdict(list)  # thread ident -> files
+        self.calls = defaultdict(list)  # thread ident -> (caller file, callee file, callee on the stack)
         self._on = False
 
     def _profile(self, frame, event, arg):
@@ -45,6 +50,19 @@ class Tracer:
             name = _ours(frame.f_code.co_filename)
             if name is not None:
                 self.steps[threading.get_ident()].append(name)
+                if event == "call":
+                    self._call(frame, name)
+
+    def _call(self, frame, callee):
+        stack = []  # the package's files on the caller's stack, nearest first
+        f = frame.f_back
+        while f is not None:
+            name = _ours(f.f_code.co_filename)
+            if name is not None:
+                stack.append(name)
+            f = f.f_back
+        if stack and stack[0] != callee:
+            self.calls[threading.get_ident()].append((stack[0], callee, callee in stack[1:]))
 
     def __enter__(self):
         sys.setprofile(self._profile)
@@ -74,6 +92,18 @@ def trip_moves(steps_by_thread):
         files.update(dict.fromkeys(f))
         paths.append(path)
     return total, back, list(files), len(paths), paths
+
+
+def call_edges(calls_by_thread):
+    """``(calls across files, of them calls back into a file on the stack)`` over every thread.
+
+    Examples
+    --------
+    >>> call_edges({1: [("a.py", "b.py", False), ("b.py", "a.py", True)], 2: [("c.py", "b.py", False)]})
+    (3, 1)
+    """
+    edges = [c for calls in calls_by_thread.values() for c in calls]
+    return len(edges), sum(1 for _, _, back in edges if back)
 
 
 def moves(steps):
@@ -132,7 +162,7 @@ def main(argv=None):
     unknown = [t for t in args.trips if t not in TRIPS]
     if unknown:
         p.error(f"no trip {unknown[0]!r}: one of {', '.join(sorted(TRIPS))}")
-    print(f"{'trip':<8} {'moves':>6} {'back':>6} {'files':>6} {'threads':>8}")
+    print(f"{'trip':<8} {'moves':>6} {'back':>6} {'files':>6} {'threads':>8} {'calls':>6} {'back':>6}")
     for name in args.trips or sorted(TRIPS):
         with Tracer() as tracer:  # installed first: threads the trip starts are traced too
             run, close = TRIPS[name]()
@@ -141,7 +171,8 @@ def main(argv=None):
             finally:
                 close()
         n, back, files, threads, paths = trip_moves(tracer.steps)
-        print(f"{name:<8} {n:>6} {back:>6} {len(files):>6} {threads:>8}")
+        calls, calls_back = call_edges(tracer.calls)
+        print(f"{name:<8} {n:>6} {back:>6} {len(files):>6} {threads:>8} {calls:>6} {calls_back:>6}")
         if args.path:
             for path in paths:
                 print("   " + " -> ".join(path))

@@ -5,6 +5,7 @@ import importlib
 import os
 import subprocess
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -208,3 +209,14 @@ def shm(tmp_path):
     yield str(where)
     if mounted:
         subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def load_script(name):
+    """The module of ``scripts/<name>.py``, loaded from its file (the scripts are not a package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

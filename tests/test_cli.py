@@ -8,7 +8,9 @@ import sys
 import pytest
 from conftest import frameworks
 
-from directload.harness.cli import build_parser, main, report_name
+from directload.harness.cli import main
+from directload.harness.commands.runs import report_name
+from directload.harness.parser import build_parser
 
 
 def _run(*args, cwd=None, input=None):
@@ -161,7 +163,7 @@ def test_every_help_of_every_command_prints():
 
 HELP_OF_EVERY_BENCHMARK = """
 import contextlib, io, runpy, sys
-from directload.harness.cli import _SOURCE_TREE, BENCH_SCRIPTS
+from directload.harness.commands.bench import _SOURCE_TREE, BENCH_SCRIPTS
 failed = []
 for which, script in sorted(BENCH_SCRIPTS.items()):
     sys.argv = [script, "--help"]
@@ -214,15 +216,15 @@ def test_more_ranks_than_the_node_runs_are_refused_in_one_line_before_any_work(t
 
 @pytest.mark.parametrize("spins,load,says", [(None, 9.0, True), ("10000", 9.0, False), (None, 0.1, False)])
 def test_a_busy_machine_with_spinning_openmp_threads_gets_one_line(monkeypatch, capsys, spins, load, says):
-    from directload.harness import cli
+    from directload.harness.commands import train
 
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     if spins:
         monkeypatch.setenv("GOMP_SPINCOUNT", spins)
-    monkeypatch.setattr(cli.os, "getloadavg", lambda: (load, load, load))
-    monkeypatch.setattr(cli.os, "cpu_count", lambda: 2)
-    cli._note_busy_machine()
+    monkeypatch.setattr(train.os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(train.os, "cpu_count", lambda: 2)
+    train._note_busy_machine()
     err = capsys.readouterr().err
     assert (err.count("\n") == 1 and "GOMP_SPINCOUNT=10000" in err and "load 9.0 on 2 cores" in err) if says \
         else err == ""

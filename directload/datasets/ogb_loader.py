@@ -7,6 +7,8 @@ The graph, labels and splits are read by OGB's raw-file readers
 pickled cache that ``torch.load`` refuses by default from torch 2.6 on.
 """
 
+from __future__ import annotations
+
 import contextlib
 import io
 import json
@@ -14,6 +16,7 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -25,6 +28,13 @@ from directload.files import CorruptFileError, from_file, npy_layout
 from directload.unified import to_unified
 
 from .synthetic import META_FILE, check_name, dataset_files
+
+if TYPE_CHECKING:
+    import dgl
+    import torch_geometric.data
+
+    from directload.graph import CSCGraph
+    from directload.unified import UnifiedTensor
 
 __all__ = ["Dataset", "load", "convert", "dataset_dir", "ogb_meta_dict", "FEATURE_FILE", "IncompleteDatasetError",
            "SplitIndexError"]
@@ -104,19 +114,22 @@ class Dataset:
     path: Path
     edge_index: torch.Tensor
     num_nodes: int
-    feat: object
+    feat: UnifiedTensor
     labels: torch.Tensor
-    split: dict
+    split: dict[str, torch.Tensor]
     num_classes: int
-    _graph: object = field(default=None, repr=False)
-    _csc: object = field(default=None, repr=False)
+    _graph: dgl.DGLGraph | None = field(default=None, repr=False)
+    _csc: CSCGraph | None = field(default=None, repr=False)
+    #: The feature stores opened over this dataset's files, by name (``"disk"``, ``"packed"``, ``"run"``): a
+    #: training harness keeps them here to open each once, and closes them.
+    stores: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
-    def num_edges(self):
+    def num_edges(self) -> int:
         return int(self.edge_index.shape[1])
 
     @property
-    def graph(self):
+    def graph(self) -> dgl.DGLGraph:
         """A DGL graph of the dataset (built once), with ``ndata["feat"]`` (the unified tensor)
         and ``ndata["label"]``.  Needs DGL."""
         if self._graph is None:
@@ -127,7 +140,7 @@ class Dataset:
             self._graph = g
         return self._graph
 
-    def csc(self, *, affinity="cuda"):
+    def csc(self, *, affinity: str = "cuda") -> CSCGraph:
         """The graph as a :class:`directload.graph.CSCGraph` (every node's in-edges), for directload's sampler.
 
         Built once from ``edge_index`` and kept in the dataset's directory
@@ -151,14 +164,14 @@ class Dataset:
             self._csc = g
         return self._csc
 
-    def to_pyg(self):
+    def to_pyg(self) -> torch_geometric.data.Data:
         """A ``torch_geometric.data.Data`` with ``x`` (the unified tensor), ``y`` and ``edge_index``.
         Needs PyG."""
         pyg_data = require("torch_geometric.data")
         return pyg_data.Data(x=self.feat, y=self.labels, edge_index=self.edge_index, num_nodes=self.num_nodes)
 
 
-def ogb_meta_dict(path, num_classes):
+def ogb_meta_dict(path: os.PathLike[str] | str, num_classes: int) -> dict[str, str | int]:
     """OGB's meta information for a local dataset directory made by :func:`directload.datasets.synthesize`."""
     return {
         "dir_path": str(path), "version": 1, "download_name": Path(path).name, "url": "",
@@ -239,14 +252,15 @@ def _read_split(path, info):
                                    .values.T[0].astype(np.int64)) for part in ("train", "valid", "test")}
 
 
-def dataset_dir(root, name):
+def dataset_dir(root: os.PathLike[str] | str, name: str) -> Path:
     """The directory of dataset ``name`` under ``root`` (OGB's ``<name>_dgl`` copy when only that exists)."""
     base = Path(root) / name.replace("-", "_")
     dgl_dir = Path(root) / (base.name + "_dgl")  # OGB's own name for a DGL-processed copy
     return dgl_dir if dgl_dir.exists() and not base.exists() else base
 
 
-def load(root, name, *, affinity="cuda", pin="auto", quiet=True):
+def load(root: os.PathLike[str] | str, name: str, *, affinity: str = "cuda", pin: str | bool = "auto",
+         quiet: bool = True) -> Dataset:
     """Load an OGB node-property dataset from ``root`` (never downloads).
 
     Works for a dataset made by :func:`directload.datasets.synthesize` and for
@@ -333,7 +347,7 @@ def _check_complete(path, name):
             "remove it")
 
 
-def convert(root, name, *, quiet=True):
+def convert(root: os.PathLike[str] | str, name: str, *, quiet: bool = True) -> Path:
     """Write a memory-mappable ``raw/node-feat.npy`` for an OGB dataset in ``root``.
 
     Later :func:`load` calls map it instead of reading OGB's features into

@@ -1,5 +1,7 @@
 """A synthetic node-classification dataset written in OGB's raw on-disk layout, in chunks."""
 
+from __future__ import annotations
+
 import contextlib
 import fcntl
 import gzip
@@ -26,7 +28,7 @@ PARTIAL_FILE = ".directload-partial"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
-def check_name(name):
+def check_name(name: str) -> None:
     """Raise ``ValueError`` unless ``name`` is one plain path component.
 
     Dataset names become directory names under a root, so ``..``, ``.``, an
@@ -92,7 +94,7 @@ class SynthConfig:
     homophily: float = 0.7
     signal: float = 0.15
     power: float = 2.2
-    split: tuple = (0.2, 0.1)
+    split: tuple[float, float] = (0.2, 0.1)
     feat_dtype: str = "float32"
     seed: int = 0
     chunk_nodes: int = 1 << 20
@@ -151,7 +153,8 @@ def _write_ids_csv_gz(path, ids, chunk=1 << 20):
             f.write("\n")
 
 
-def synthesize(root, name="synth-small", config=None, *, inline_features=False, overwrite=False, progress=True):
+def synthesize(root: os.PathLike[str] | str, name: str = "synth-small", config: SynthConfig | None = None, *,
+               inline_features: bool = False, overwrite: bool = False, progress: bool = True) -> Path:
     """Generate a dataset in OGB's raw layout and return its directory.
 
     Layout (read back by ``ogb.nodeproppred.DglNodePropPredDataset`` with a
@@ -254,13 +257,13 @@ def _root_lock(root):
         os.close(fd)
 
 
-def dataset_exists(root, name):
+def dataset_exists(root: os.PathLike[str] | str, name: str) -> bool:
     """Whether ``root`` has a directory for dataset ``name`` (complete or not; :func:`load` tells)."""
     check_name(name)
     return os.path.lexists(_dir(root, name))
 
 
-def dataset_files(inline_features):
+def dataset_files(inline_features: bool) -> list[str]:
     """The files a complete generated dataset has, relative to its directory."""
     files = ["RELEASE_v1.txt", "raw/data.npz", "raw/node-label.npz", META_FILE,
              *(f"split/random/{part}.csv.gz" for part in ("train", "valid", "test"))]

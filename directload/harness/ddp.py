@@ -9,10 +9,14 @@ ends through :func:`finish`, together, not through the interpreter's teardown; :
 more ranks than the node can run before any starts.
 """
 
+from __future__ import annotations
+
 import atexit
 import os
 import sys
+from collections.abc import Sequence
 from datetime import timedelta
+from typing import NoReturn
 
 import torch
 
@@ -37,7 +41,7 @@ class RankFailed(DirectloadError, RuntimeError):
     """A rank of a job :func:`launch` started failed; the other ranks were stopped."""
 
 
-def launch(nproc, argv):
+def launch(nproc: int, argv: Sequence[str]) -> None:
     """Run ``argv`` (a command, ``argv[0]`` the program) as ``nproc`` ranks of one DDP job on this node, as
     ``torchrun --standalone --nproc-per-node nproc`` would (the ranks read ``RANK``, ``WORLD_SIZE``,
     ``LOCAL_RANK`` ...), through torchrun's own launcher.  Each rank gets ``cpu_count // nproc`` threads
@@ -67,7 +71,7 @@ def launch(nproc, argv):
         raise RankFailed(f"rank {rank} of {nproc} {how}; the other ranks were stopped") from None
 
 
-def nproc_ceiling(*, cores, available_bytes, gpus=None):
+def nproc_ceiling(*, cores: int, available_bytes: int, gpus: int | None = None) -> tuple[int, str]:
     """``(most, why)``: the most ranks of one job this node can run, and each bound in words.  Pure.
 
     The least of :data:`RANKS_PER_CORE` ranks per usable core (on GPUs: one rank per GPU, NCCL's rule),
@@ -97,7 +101,7 @@ def nproc_ceiling(*, cores, available_bytes, gpus=None):
     return max(1, min(most for _, most in bounds)), "; ".join(why for why, _ in bounds)
 
 
-def check_nproc(nproc, device="cpu"):
+def check_nproc(nproc: int, device: torch.device | str = "cpu") -> None:
     """Refuse, in one line, more ranks than this node can run (:func:`nproc_ceiling`, from this process's
     usable cores, the host's available memory and, for a CUDA ``device``, its GPUs); starts nothing.
 
@@ -123,7 +127,7 @@ def check_nproc(nproc, device="cpu"):
         raise ValueError(f"--nproc {nproc} is more ranks than this node can run: at most {most} ({why})")
 
 
-def world():
+def world() -> tuple[int, int]:
     """``(rank, world_size)`` of this process's DDP job, ``(0, 1)`` outside one."""
     import torch.distributed as dist
 
@@ -132,7 +136,7 @@ def world():
     return 0, 1
 
 
-def barrier():
+def barrier() -> None:
     """Wait for every rank of this process's DDP job (nothing outside one)."""
     import torch.distributed as dist
 
@@ -140,7 +144,7 @@ def barrier():
         dist.barrier()
 
 
-def finish():
+def finish() -> NoReturn:
     """End this rank of a DDP job, its work done (rank 0's report written): wait for every rank (at most
     :data:`TIMEOUT_S`), flush the output and end the process, status 0, without destroying the group and
     without the interpreter's teardown.  Never returns.
@@ -166,7 +170,7 @@ def _backend(device):
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
 
 
-def torchrun_world():
+def torchrun_world() -> tuple[int, int]:
     """``(rank, world_size)`` that torchrun gave this process in its environment, ``(0, 1)`` without."""
     try:
         size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -176,7 +180,7 @@ def torchrun_world():
     return (rank, size) if size > 1 else (0, 1)
 
 
-def join_torchrun(device="cpu"):
+def join_torchrun(device: torch.device | str = "cpu") -> tuple[int, int]:
     """Join the job torchrun started this process in (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` ...);
     returns ``(rank, world_size)``, ``(0, 1)`` when not started by torchrun with more than one rank."""
     import torch.distributed as dist

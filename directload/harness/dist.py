@@ -18,6 +18,8 @@ made, and nothing else.
 Needs root, ``unshare`` and ``ip`` (iproute2): :class:`DistLaunchError` says which is missing.
 """
 
+from __future__ import annotations
+
 import contextlib
 import ctypes
 import json
@@ -31,7 +33,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from directload.errors import DirectloadError
 
@@ -64,7 +68,7 @@ def _run(cmd, what):
     return proc.stdout
 
 
-def check_host():
+def check_host() -> None:
     """Raise :class:`DistLaunchError` in one line unless this host can run machines in namespaces."""
     if os.geteuid() != 0:
         raise DistLaunchError("emulating several DistDGL machines on one host needs root (network and mount "
@@ -76,7 +80,7 @@ def check_host():
                                   "(util-linux, iproute2)")
 
 
-def link_names(pid, n):
+def link_names(pid: int, n: int) -> tuple[str, list[str]]:
     """``(bridge, [host end of each machine's link])``: the names launcher ``pid`` gives what it makes on the
     host for ``n`` machines (at most 15 characters, Linux's limit).
 
@@ -110,7 +114,7 @@ def _host_links():
         return {}
 
 
-def links_of(pid):
+def links_of(pid: int) -> list[str]:
     """The links launcher ``pid`` made that are on the host now (its bridge and machines' links), by name."""
     return sorted(name for name in _host_links() if (m := _OURS.fullmatch(name)) and int(m.group(1)) == pid)
 
@@ -128,7 +132,7 @@ def _launcher_gone(name, alias):
     return _start_time(int(_OURS.fullmatch(name).group(1))) is None
 
 
-def sweep_links():
+def sweep_links() -> list[str]:
     """Delete the bridges and links of launchers that no longer run; returns their names.  Deleting the host
     end of a machine's link deletes its peer inside the machine too."""
     gone = [name for name, alias in _host_links().items() if _OURS.fullmatch(name) and _launcher_gone(name, alias)]
@@ -147,7 +151,8 @@ def _die_with_parent():
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def launch_machines(n, command, *, workdir, timeout=900.0, env=None):
+def launch_machines(n: int, command: Sequence[str], *, workdir: os.PathLike[str] | str, timeout: float = 900.0,
+                    env: Mapping[str, str] | None = None) -> list[int]:
     """Run ``n`` machines and wait for them; each runs ``command`` (a list; ``{machine}`` in it is the
     machine's index) through :func:`machine_main` inside its namespaces.  Returns the machines' exit codes
     (all 0), or raises :class:`MachineFailed` naming the first machine that failed, after stopping the
@@ -260,7 +265,7 @@ def _signal_name(code):
     return signal.Signals(-code).name if code < 0 else f"exit {code}"
 
 
-def machine_main(index, roles):
+def machine_main(index: int, roles: Sequence[str]) -> int:
     """Inside machine ``index``'s namespaces: a private ``/dev/shm``, the machine's address, then its server
     and trainer (``roles``: the command of each, run with ``role`` appended).  Returns the exit code; the
     last line printed says what failed."""
@@ -305,19 +310,19 @@ def _last_line(index, role):
     return lines[-1] if lines else "no output"
 
 
-def write_ip_config(n, port, directory):
+def write_ip_config(n: int, port: int, directory: os.PathLike[str] | str) -> Path:
     """DGL's ``ip_config.txt`` for ``n`` machines of this run."""
     path = Path(directory) / "ip_config.txt"
     path.write_text("".join(f"{SUBNET}.{i + 1} {port}\n" for i in range(n)))
     return path
 
 
-def read_results(directory, n):
+def read_results(directory: os.PathLike[str] | str, n: int) -> list[dict[str, Any]]:
     """The trainers' result files (``trainer{i}.json``) of a finished run, in machine order."""
     return [json.loads((Path(directory) / f"trainer{i}.json").read_text()) for i in range(n)]
 
 
-def run_dir():
+def run_dir() -> Path:
     """A fresh directory for one run's ip_config and results."""
     return Path(tempfile.mkdtemp(prefix="directload-dist-"))
 

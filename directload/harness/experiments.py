@@ -1,14 +1,23 @@
 """Side-by-side training runs (the framework's own loader against directload's): sweep, table, JSON, PNG."""
 
+from __future__ import annotations
+
 import json
 import math
+import os
 import statistics
 import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .plotting import pyplot, save_figure
 from .train import TrainConfig, train
+
+if TYPE_CHECKING:
+    from directload.datasets import Dataset
 
 __all__ = ["compare", "summarize", "write_report", "print_summary", "json_safe"]
 
@@ -18,8 +27,10 @@ STOCK = ("dgl", "pyg")
 TIME_KEYS = ("epoch_s", "sample_s", "gather_s", "train_s", "wait_s")
 
 
-def compare(dataset, base, *, models=("sage",), loaders=("dgl", "directload"), seeds=(0,), progress=True,
-            conditions=None):
+def compare(dataset: Dataset, base: TrainConfig, *, models: Sequence[str] = ("sage",),
+            loaders: Sequence[str] = ("dgl", "directload"), seeds: Sequence[int] = (0,), progress: bool = True,
+            conditions: Sequence[tuple[str, Callable[[], AbstractContextManager[Any]]]] | None = None
+            ) -> list[dict[str, Any]]:
     """Train every (model, seed, loader), loaders interleaved so they share the machine's state.
 
     ``conditions``, a list of ``(name, factory)`` where ``factory()`` is a context manager (a CPU hog, say),
@@ -37,7 +48,7 @@ def compare(dataset, base, *, models=("sage",), loaders=("dgl", "directload"), s
     rows = []
     for model in models:
         for seed in seeds:
-            for name, factory in conditions or [(None, None)]:
+            for name, factory in conditions or [(None, None)]:  # type: ignore[list-item]  # none: one unnamed run
                 if factory is None:
                     got = _runs(dataset, base, model, seed, loaders, progress)
                 else:
@@ -78,7 +89,7 @@ def _spread(values):
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def summarize(rows):
+def summarize(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per (model, loader): median steady-state epoch breakdown over seeds, and mean accuracies.
 
     Units: times in seconds, accuracies in percent.  Rows of directload's
@@ -143,7 +154,7 @@ def summarize(rows):
     return out
 
 
-def json_safe(value):
+def json_safe(value: object) -> object:
     """``value`` with every NaN or infinity replaced by None, so the JSON is standard (``null``)."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
@@ -154,7 +165,8 @@ def json_safe(value):
     return value
 
 
-def write_report(rows, out_dir, name, meta):
+def write_report(rows: Sequence[Mapping[str, Any]], out_dir: os.PathLike[str] | str, name: str,
+                 meta: Mapping[str, Any]) -> tuple[Path, list[dict[str, Any]]]:
     """Write ``<name>.json`` (every run and the summary) and ``<name>.png`` (stacked bars, as Fig. 4.8)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -170,7 +182,7 @@ def _fmt(value, spec):
     return "" if value is None or (isinstance(value, float) and not math.isfinite(value)) else format(value, spec)
 
 
-def print_summary(summary, meta):
+def print_summary(summary: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> None:
     """The summary as a table with units in its header."""
     steady = summary[0]["first_epoch_left_out"] if summary else False
     how = "median over seeds of the median steady epoch (first epoch left out)" if steady else \
@@ -179,7 +191,8 @@ def print_summary(summary, meta):
     print(f"\n{meta['dataset']}: {meta['nodes']} nodes, {meta['edges']} edges, {meta['feats']} features; "
           f"{meta['device']}, {meta['torch_threads']} torch threads{policy}; {how}")
     if meta.get("sampler"):
-        own = {"dgl": "DGL", "pyg": "PyG"}.get(meta.get("framework"), "the framework")
+        # a meta without a framework: .get(None) gives the default (the ignore: mypy wants a str key)
+        own = {"dgl": "DGL", "pyg": "PyG"}.get(meta.get("framework"), "the framework")  # type: ignore[arg-type]
         print("sampler: " + "; ".join(f"{loader}'s loader samples with {own if s == 'framework' else 'directload'}'s"
                                       for loader, s in meta["sampler"].items()))
     conditioned = any("condition" in r for r in summary)

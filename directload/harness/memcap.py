@@ -14,12 +14,15 @@ its guardian:
 Needs root (or a delegated cgroup) and a cgroup v1 ``memory`` controller or cgroup v2.
 """
 
+from __future__ import annotations
+
 import contextlib
 import ctypes
 import os
 import signal
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from directload.errors import DirectloadError
@@ -45,7 +48,7 @@ class MemoryCapExceeded(DirectloadError, RuntimeError):
     """The kernel's OOM killer ended the capped command: it needed more memory than the cap."""
 
 
-def parse_limit(text):
+def parse_limit(text: str) -> int:
     """A memory cap in bytes from ``"1.5G"``, ``"768M"``, ...; ``ValueError`` for anything else (an empty
     string, 0 and negative sizes included).  Pure.
 
@@ -81,7 +84,7 @@ def _anonymous_rss():
         return (resident - shared) * os.sysconf("SC_PAGE_SIZE")
 
 
-def check_limit(nbytes, *, needed=None):
+def check_limit(nbytes: int, *, needed: int | None = None) -> None:
     """``ValueError`` when a cap of ``nbytes`` cannot let a run start: below what this process (which has
     imported what the run imports) uses now plus :data:`HEADROOM`, or ``needed`` when given."""
     needed = _anonymous_rss() + HEADROOM if needed is None else needed
@@ -172,13 +175,13 @@ def _oom_kills(group):
     return None
 
 
-def capped_group():
+def capped_group() -> Path | None:
     """The cgroup this process runs in as a capped child, or None."""
     value = os.environ.get(CGROUP_ENV)
     return Path(value) if value else None
 
 
-def enter_capped_child():
+def enter_capped_child() -> None:
     """In a capped child (:data:`CGROUP_ENV` set): die with the guardian.  Call first thing."""
     guardian = os.environ.get(_GUARDIAN_ENV)
     if not guardian:
@@ -190,13 +193,13 @@ def enter_capped_child():
         os._exit(128 + signal.SIGKILL)
 
 
-def guard_children():
+def guard_children() -> None:
     """Children this process starts from now on die with it (``PR_SET_PDEATHSIG``), as capped children die
     with their guardian: each calls :func:`enter_capped_child` first thing (``directload``'s entry does)."""
     os.environ[_GUARDIAN_ENV] = str(os.getpid())
 
 
-def run_capped(nbytes, cmd, *, env=None):
+def run_capped(nbytes: int, cmd: Sequence[str], *, env: Mapping[str, str] | None = None) -> int:
     """Run ``cmd`` (an argv list) as a child in a new memory cgroup of ``nbytes``; its exit status (128 + N
     when a signal N ended it, as a shell says).
 
@@ -272,7 +275,7 @@ def _guard(group, nbytes, cmd, env):
     return 128 - code if code < 0 else code
 
 
-def drop_page_cache(path):
+def drop_page_cache(path: os.PathLike[str] | str) -> None:
     """Ask the kernel to drop ``path``'s cached pages (``POSIX_FADV_DONTNEED``), so the next reads are cold."""
     fd = os.open(path, os.O_RDONLY)
     try:

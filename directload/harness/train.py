@@ -5,9 +5,12 @@ come from :mod:`directload.harness.train_dgl` (DGL) or :mod:`directload.harness.
 (PyG), imported only for the framework a run asks for.
 """
 
+from __future__ import annotations
+
 import importlib
 import time
 from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -15,6 +18,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from . import ddp
+from .options import DEFAULT_FANOUTS, SAMPLERS, check_options, resolve_depth
 from .train_inputs import (
     DISK_FILE,
     FEATURE_MODES,
@@ -24,6 +28,12 @@ from .train_inputs import (
     feature_store,
     memmap_features,
 )
+
+if TYPE_CHECKING:
+    from pathlib import Path
+    from types import ModuleType
+
+    from directload.datasets import Dataset
 
 __all__ = ["TrainConfig", "EpochStats", "RunResult", "train", "evaluate", "TimedTable", "resolve_depth",
            "disk_store", "feature_store", "memmap_features", "FEATURE_MODES", "DEFAULT_FANOUTS",
@@ -35,54 +45,18 @@ __all__ = ["TrainConfig", "EpochStats", "RunResult", "train", "evaluate", "Timed
 #: imports :mod:`directload.harness.train_inputs`, never this module, and is imported only when a run asks for
 #: its framework.
 SIDES = {"dgl": "directload.harness.train_dgl", "pyg": "directload.harness.train_pyg"}
-#: ``"directload"``: directload's sampler (:mod:`directload.sampler`; the framework's distribution, not its
-#: batches); ``"framework"``: the framework's own, the same batches bit for bit.
-SAMPLERS = ("directload", "framework")
 
 
-def register_framework(name, module):
+def register_framework(name: str, module: str) -> None:
     """Add (or replace) the side of framework ``name``: a module path as in :data:`SIDES`."""
     SIDES[name] = module
 
 
-def framework_side(name):
+def framework_side(name: str) -> ModuleType:
     """The imported side of framework ``name``; ``ValueError`` for a name :data:`SIDES` does not hold."""
     if name not in SIDES:
         raise ValueError(f"no framework {name!r}: one of {', '.join(SIDES)}")
     return importlib.import_module(SIDES[name])
-
-
-#: Neighbours sampled per layer, outermost first (DGL's ogbn-products examples).
-DEFAULT_FANOUTS = (15, 10, 5)
-
-
-def resolve_depth(layers=None, fanouts=None):
-    """``(layers, fanouts)`` from what was given: one fanout per layer.  Pure.
-
-    With neither, DGL's 3 layers of 15/10/5; with one, the other follows (extra
-    layers repeat the last default fanout); with both, they must agree, since a
-    model deeper than its blocks silently drops layers.
-
-    Examples
-    --------
-    >>> resolve_depth(), resolve_depth(2), resolve_depth(fanouts=[10, 10]), resolve_depth(4)
-    ((3, (15, 10, 5)), (2, (15, 10)), (2, (10, 10)), (4, (15, 10, 5, 5)))
-    """
-    if fanouts is not None:
-        fanouts = tuple(int(f) for f in fanouts)
-        if not fanouts:
-            raise ValueError("fanouts needs one entry per layer, got none")
-        if any(f < 1 and f != -1 for f in fanouts):
-            raise ValueError(f"each fanout must be >= 1 (or -1 for all neighbours), got {list(fanouts)}")
-        if layers is not None and layers != len(fanouts):
-            raise ValueError(f"{layers} layers but {len(fanouts)} fanouts ({' '.join(map(str, fanouts))}): "
-                             "give one fanout per layer")
-        return len(fanouts), fanouts
-    if layers is None:
-        return len(DEFAULT_FANOUTS), DEFAULT_FANOUTS
-    if layers < 1:
-        raise ValueError(f"layers must be >= 1, got {layers}")
-    return layers, (DEFAULT_FANOUTS + (DEFAULT_FANOUTS[-1],) * layers)[:layers]
 
 
 @dataclass
@@ -105,7 +79,7 @@ class TrainConfig:
     framework: str = "dgl"
     hidden: int = 128
     layers: int = 3
-    fanouts: tuple = (15, 10, 5)
+    fanouts: tuple[int, ...] = (15, 10, 5)
     heads: int = 4
     dropout: float = 0.5
     lr: float = 3e-3
@@ -115,12 +89,12 @@ class TrainConfig:
     seed: int = 0
     device: str = "cpu"
     num_workers: int = 0
-    lookahead: object = 4  # or "auto"
+    lookahead: int | str = 4  # or "auto"
     features: str = "memory"
     eval_nodes: int = 0
     gpu_cache: int = 0
     host_cache: int = 0
-    staging: int = None
+    staging: int | None = None
     policy: str = "lookahead"
     packed: bool = False  # read the packed copy (dataset pack) and warm the caches with its hot rows
     nproc: int = 1  # ranks of the DDP job (torchrun's) this process trains in; 1 outside one
@@ -129,69 +103,12 @@ class TrainConfig:
     budget_name: str = "directload"  # the node budget's name: jobs with the same name share it
     shared_hot: int = 0  # packed tiered runs: bytes of the hottest rows held once per node in shared memory
     partitioned: bool = False  # DDP: each rank holds 1/nproc of the rows, the rest fetched by all-to-all
-    sampler: str = None  # "directload" (ours: the same distribution) or "framework"; None: ours in directload's loader
+    # "directload" (ours: the same distribution) or "framework"; None: ours in directload's loader
+    sampler: str | None = None
 
     def __post_init__(self):
-        if self.model not in ("sage", "gat"):
-            raise ValueError(f"model must be 'sage' or 'gat', got {self.model!r}")
-        if self.framework not in SIDES:
-            raise ValueError(f"framework must be one of {tuple(SIDES)}, got {self.framework!r}")
-        if self.loader not in (self.framework, "directload"):
-            raise ValueError(f"loader must be {self.framework!r} (the framework's own) or 'directload', "
-                             f"got {self.loader!r}")
-        self.layers, self.fanouts = resolve_depth(self.layers, self.fanouts)
-        if self.sampler is None:
-            self.sampler = "directload" if self.loader == "directload" else "framework"
-        if self.sampler not in SAMPLERS:
-            raise ValueError(f"sampler must be one of {SAMPLERS}, got {self.sampler!r}")
-        from directload.loaders.pipeline import check_lookahead
-        from directload.stores.cache import POLICY_NAMES
-        from directload.units import check_bytes, check_int
-
-        check_lookahead(self.lookahead)  # the loaders' own check
-        for name in ("hidden", "heads", "batch_size", "eval_batch_size", "epochs", "nproc"):
-            check_int(name, getattr(self, name))
-        check_int("num_workers", self.num_workers, low=0)
-        if self.features not in FEATURE_MODES:
-            raise ValueError(f"features must be one of {FEATURE_MODES}, got {self.features!r}")
-        check_int("node_budget", self.node_budget, low=0)
-        check_int("node_io_depth", self.node_io_depth, low=0)
-        if (self.node_budget or self.node_io_depth) and (self.features != "tiered" or self.loader != "directload"):
-            raise ValueError("a node budget shares the host caches and disk queues of directload's tiered stores: "
-                             "it needs features='tiered' and loader='directload'")
-        check_int("shared_hot", self.shared_hot, low=0)
-        if self.shared_hot and not (self.packed and self.features == "tiered"):
-            raise ValueError("shared_hot keeps the packed disk store's hottest rows once per node: it needs "
-                             "packed=True and features='tiered'")
-        if self.partitioned and self.nproc < 2:
-            raise ValueError("partitioned features are split among the ranks of a DDP job: they need nproc >= 2")
-        if self.partitioned and (self.loader != "directload" or self.packed or self.node_budget):
-            raise ValueError("partitioned features are read by directload's loader from each rank's own rows: "
-                             "they need loader='directload', and neither packed nor node_budget")
-        if self.shared_hot and self.node_budget and self.shared_hot >= self.node_budget:
-            raise ValueError(f"shared_hot ({self.shared_hot}) is taken out of node_budget ({self.node_budget}): "
-                             "it must be smaller, leaving the jobs' own caches room")
-        if self.node_io_depth and not self.node_budget:
-            raise ValueError("node_io_depth is shared within a node budget: give node_budget too")
-        from directload.budget import NodeBudget
-
-        NodeBudget(self.budget_name, host_bytes=0)  # the name's own check, before any work
-        for name in ("gpu_cache", "host_cache", "staging"):  # the caches' own check (staging may be None)
-            if name != "staging" or self.staging is not None:
-                check_bytes(name, getattr(self, name))
-        if self.packed and (self.features == "memory" or self.loader != "directload"):
-            raise ValueError("packed reads the packed disk store (directload dataset pack): it needs "
-                             "loader='directload' and features 'disk' or 'tiered'")
-        if self.policy not in POLICY_NAMES:
-            raise ValueError(f"policy must be one of {POLICY_NAMES}, got {self.policy!r}")
-        if self.eval_nodes < 0:
-            raise ValueError(f"eval_nodes must be >= 0 (0: every node of the split), got {self.eval_nodes}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.model == "gat" and self.hidden < self.heads:
-            raise ValueError(f"GAT splits hidden={self.hidden} over {self.heads} heads: hidden must be >= heads")
+        settled = check_options(self, frameworks=tuple(SIDES))  # the rules the command line's flags follow too
+        self.layers, self.fanouts, self.sampler = settled["layers"], settled["fanouts"], settled["sampler"]
 
 
 @dataclass
@@ -218,20 +135,22 @@ class EpochStats:
     batches: int
     loss: float
     valid_acc: float = float("nan")
-    io: dict = None
-    tiers: dict = None
-    lookahead: int = None
+    io: dict[str, float] | None = None
+    tiers: dict[str, dict[str, float]] | None = None
+    lookahead: int | None = None
 
 
 @dataclass
 class RunResult:
-    config: dict
-    epochs: list = field(default_factory=list)
+    config: dict[str, Any]
+    epochs: list[EpochStats] = field(default_factory=list)
     test_acc: float = float("nan")
     valid_acc: float = float("nan")
-    warm: dict = None  # packed tiered runs: the caches' fill started before the first epoch (rows per tier)
-    ranks: list = None  # DDP runs: every rank's epochs (rank 0's are ``epochs``)
-    budget: dict = None  # runs in a node budget: its name and limits, and this loader's share at each epoch's end
+    # packed tiered runs: the caches' fill started before the first epoch (rows per tier)
+    warm: dict[str, Any] | None = None
+    ranks: list[list[dict[str, Any]]] | None = None  # DDP runs: every rank's epochs (rank 0's are ``epochs``)
+    # runs in a node budget: its name and limits, and this loader's share at each epoch's end
+    budget: dict[str, Any] | None = None
 
 
 def _framework(cfg):
@@ -261,7 +180,7 @@ def _tier_stats(store):
     return out
 
 
-def profile_counts(dataset, cfg, epochs, *, progress=True):
+def profile_counts(dataset: Dataset, cfg: TrainConfig, epochs: int, *, progress: bool = True) -> np.ndarray:
     """How many of ``epochs`` pre-sampled epochs' batches read each row (GNNLab's presampling), with
     ``cfg``'s framework, sampler, fanouts and batch size over the training split.  No features are read."""
     from directload.stores import access_counts
@@ -275,7 +194,7 @@ def profile_counts(dataset, cfg, epochs, *, progress=True):
                          dataset.num_nodes)
 
 
-def pack(dataset, cfg, epochs=3, *, progress=True):
+def pack(dataset: Dataset, cfg: TrainConfig, epochs: int = 3, *, progress: bool = True) -> tuple[Path, np.ndarray]:
     """Write the dataset's packed disk store (:data:`PACKED_FILE`): its disk store with the rows renumbered
     hottest first (:func:`~directload.stores.renumber`), by :func:`profile_counts` over ``epochs`` epochs,
     rows read equally often by in-degree.  Returns ``(path, counts)``."""
@@ -284,8 +203,8 @@ def pack(dataset, cfg, epochs=3, *, progress=True):
     counts = profile_counts(dataset, cfg, epochs, progress=progress)
     degree = np.bincount(np.asarray(dataset.edge_index[1]), minlength=dataset.num_nodes)
     src = disk_store(dataset).path
-    for attr in ("_tiered_store", "_packed_store"):  # the copy is rewritten: close what reads it (the
-        store = getattr(dataset, attr, None)       # next feature_store opens it afresh)
+    for name in ("run", "packed"):  # the copy is rewritten: close what reads it (the next run opens it afresh)
+        store = dataset.stores.get(name)
         if store is not None:
             store.close()
     path = renumber(src, dataset.path / PACKED_FILE, counts, tiebreak=degree, overwrite=True, progress=progress)
@@ -301,7 +220,8 @@ def _eval_ids(ids, n):
 
 
 @torch.no_grad()
-def evaluate(model, cfg, dataset, ids, *, fw=None):
+def evaluate(model: torch.nn.Module, cfg: TrainConfig, dataset: Dataset, ids: torch.Tensor, *,
+             fw: ModuleType | None = None) -> float:
     """Accuracy on ``ids`` (``cfg.eval_nodes`` of them, when set) with the run's loader and fanouts."""
     fw = fw or _framework(cfg)
     ids = _eval_ids(ids, cfg.eval_nodes)
@@ -315,7 +235,7 @@ def evaluate(model, cfg, dataset, ids, *, fw=None):
     return correct / max(total, 1)
 
 
-def train(dataset, cfg, *, progress=True, evaluate_each_epoch=False):
+def train(dataset: Dataset, cfg: TrainConfig, *, progress: bool = True, evaluate_each_epoch: bool = False) -> RunResult:
     """Train ``cfg.model`` on ``dataset`` with ``cfg.loader`` of ``cfg.framework``; returns a :class:`RunResult`.
 
     The framework's own loader reads a plain host table (a :class:`TimedTable`,
@@ -357,7 +277,7 @@ def train(dataset, cfg, *, progress=True, evaluate_each_epoch=False):
         if size > 1:
             import torch.distributed as dist
 
-            everyone = [None] * size
+            everyone: list[Any] = [None] * size
             dist.all_gather_object(everyone, [asdict(e) for e in result.epochs])
             result.ranks = everyone
     finally:

@@ -1,6 +1,10 @@
 """DGL's side of :mod:`directload.harness.train`: GraphSAGE and GAT over blocks, DGL's loader or directload's."""
 
+from __future__ import annotations
+
 import warnings
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch.nn.functional as F
 from torch import nn
@@ -14,19 +18,29 @@ dgl = require("dgl")  # with DGL's PyTorch backend, the environment left as it w
 
 import dgl.nn as dglnn  # noqa: E402
 
+if TYPE_CHECKING:
+    import torch
+    from dgl import DGLGraph
+    from dgl.dataloading import BlockSampler
+    from dgl.dataloading import DataLoader as DGLDataLoader
+
+    from directload.datasets import Dataset
+
+    from .train_inputs import RunConfig
+
 __all__ = ["SAGE", "GAT", "build_model", "graph_sampler", "make_loader", "input_nodes", "epoch", "forward", "seed"]
 
 
 class SAGE(nn.Module):
     """GraphSAGE (mean aggregator) over DGL blocks."""
 
-    def __init__(self, in_feats, hidden, n_classes, layers, dropout):
+    def __init__(self, in_feats: int, hidden: int, n_classes: int, layers: int, dropout: float) -> None:
         super().__init__()
         dims = [in_feats] + [hidden] * (layers - 1) + [n_classes]
         self.layers = nn.ModuleList(dglnn.SAGEConv(a, b, "mean") for a, b in zip(dims[:-1], dims[1:]))
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, blocks, x):
+    def forward(self, blocks: list[DGLGraph], x: torch.Tensor) -> torch.Tensor:
         h = x
         for i, (layer, block) in enumerate(zip(self.layers, blocks)):
             h = layer(block, h)
@@ -38,7 +52,7 @@ class SAGE(nn.Module):
 class GAT(nn.Module):
     """GAT over DGL blocks: multi-head hidden layers (concatenated), one head averaged at the output."""
 
-    def __init__(self, in_feats, hidden, n_classes, layers, heads, dropout):
+    def __init__(self, in_feats: int, hidden: int, n_classes: int, layers: int, heads: int, dropout: float) -> None:
         super().__init__()
         self.layers = nn.ModuleList()
         dim = in_feats
@@ -47,7 +61,7 @@ class GAT(nn.Module):
             dim = hidden * heads
         self.layers.append(dglnn.GATConv(dim, n_classes, 1, allow_zero_in_degree=True))
 
-    def forward(self, blocks, x):
+    def forward(self, blocks: list[DGLGraph], x: torch.Tensor) -> torch.Tensor:
         h = x
         for i, (layer, block) in enumerate(zip(self.layers, blocks)):
             h = layer(block, h)
@@ -57,22 +71,22 @@ class GAT(nn.Module):
         return h
 
 
-def build_model(cfg, in_feats, n_classes):
+def build_model(cfg: RunConfig, in_feats: int, n_classes: int) -> SAGE | GAT:
     if cfg.model == "sage":
         return SAGE(in_feats, cfg.hidden, n_classes, cfg.layers, cfg.dropout)
     return GAT(in_feats, cfg.hidden // cfg.heads, n_classes, cfg.layers, cfg.heads, cfg.dropout)
 
 
-def seed(value):
+def seed(value: int) -> None:
     dgl.seed(value)
 
 
-def own_sampler():
+def own_sampler() -> str:
     """The sampler DGL's loader runs here: always DGL's own ("framework")."""
     return "framework"
 
 
-def graph_sampler(cfg, **prefetch):
+def graph_sampler(cfg: RunConfig, **prefetch: Any) -> BlockSampler:
     """The run's neighbour sampler over ``cfg.fanouts``: directload's (``cfg.sampler == "directload"``), a DGL
     ``BlockSampler`` that DGL's loader runs as well as ours, or DGL's own.
 
@@ -92,7 +106,8 @@ def graph_sampler(cfg, **prefetch):
     return dgl.dataloading.NeighborSampler(list(cfg.fanouts), **prefetch)
 
 
-def make_loader(cfg, dataset, ids, batch_size, shuffle, ddp=False):
+def make_loader(cfg: RunConfig, dataset: Dataset, ids: torch.Tensor, batch_size: int, shuffle: bool,
+                ddp: bool = False) -> DGLDataLoader:
     """DGL's loader over a plain (timed) table, or directload's over the unified one, each with the run's
     sampler (:func:`graph_sampler`); with ``ddp`` this rank's share of ``ids``, split by DGL (``use_ddp=True``)."""
     graph, feat = dataset.graph, dataset.feat
@@ -112,7 +127,7 @@ def make_loader(cfg, dataset, ids, batch_size, shuffle, ddp=False):
     return DataLoader(graph, ids, sampler, lookahead=cfg.lookahead, features=features, **kw)
 
 
-def input_nodes(cfg, dataset, ids, batch_size):
+def input_nodes(cfg: RunConfig, dataset: Dataset, ids: torch.Tensor, batch_size: int) -> Iterator[torch.Tensor]:
     """The input nodes of each batch of one epoch of the run's sampler (shuffled seeds), features unread."""
     sampler = graph_sampler(cfg)
     loader = dgl.dataloading.DataLoader(dataset.graph, ids, sampler, batch_size=batch_size, shuffle=True)
@@ -120,7 +135,7 @@ def input_nodes(cfg, dataset, ids, batch_size):
         yield nodes
 
 
-def epoch(loader):
+def epoch(loader: DGLDataLoader) -> Iterator[Any]:
     """``iter(loader)``, without DGL's advice to enable CPU affinity, which its loader repeats every
     epoch of a CPU run: the comparison runs both loaders without it, on purpose."""
     with warnings.catch_warnings():
@@ -128,7 +143,8 @@ def epoch(loader):
         return iter(loader)
 
 
-def forward(model, batch, cfg):
+def forward(model: nn.Module, batch: tuple[Any, Any, list[DGLGraph]],
+            cfg: RunConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logits, labels)`` of one batch."""
     _, _, blocks = batch
     return model(blocks, blocks[0].srcdata["feat"].float()), blocks[-1].dstdata["label"]

@@ -7,6 +7,8 @@ with the one change directload is for: each batch's input features come from
 :func:`directload.loaders.dgl.distributed.dist_features`, started one batch ahead.
 """
 
+from __future__ import annotations
+
 import datetime
 import json
 import os
@@ -14,7 +16,9 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -24,10 +28,13 @@ from directload.unified import host_of
 
 from .train_dgl import SAGE, dgl
 
+if TYPE_CHECKING:
+    from directload.loaders.dgl.distributed import DistFeatures
+
 __all__ = ["settings", "server_main", "trainer_main"]
 
 
-def settings(path):
+def settings(path: os.PathLike[str] | str) -> dict[str, Any]:
     """The run's settings (a JSON file written by the launcher)."""
     return json.loads(Path(path).read_text())
 
@@ -42,7 +49,7 @@ def _dgl_env(s, machine, role):
     os.environ.update(env)
 
 
-def server_main(s, machine):
+def server_main(s: dict[str, Any], machine: int) -> None:
     """Serve partition ``machine`` until the trainers leave (``dgl.distributed.initialize`` returns then)."""
     from directload.loaders.dgl.distributed import read_partitions, serve_features
 
@@ -75,7 +82,7 @@ def _verify(s, ids, rows, blocks, orig):
         raise AssertionError("a sampled edge is not in the dataset's graph")
 
 
-def trainer_main(s, machine):
+def trainer_main(s: dict[str, Any], machine: int) -> None:
     """Train, evaluate, and write ``trainer{machine}.json`` in the run directory."""
     from directload.loaders.dgl.distributed import dist_features, read_partitions, register_service
 
@@ -93,12 +100,12 @@ def trainer_main(s, machine):
     pb = g.get_partition_book()
     train_ids = dgl.distributed.node_split(g.ndata["train_mask"], pb, force_even=True)
     test_ids = dgl.distributed.node_split(g.ndata["test_mask"], pb, force_even=True)
-    store = dist_features(g, s["config"], local=_local_store(s, meta, machine))
+    store: DistFeatures | _DGLFetch = dist_features(g, s["config"], local=_local_store(s, meta, machine))
     if s.get("fetch") == "dgl":  # the baseline: DGL's own fetch, g.ndata[...][input_nodes], no look-ahead
         if meta["features"] != "memory":
             raise ValueError("DGL's own fetch needs the features in DGL's partitions (partition with features=memory)")
         store = _DGLFetch(g.ndata["feat"], store)
-    orig = None
+    orig: tuple[torch.Tensor, np.ndarray] | None = None
     if s.get("verify"):
         from directload.datasets import load
 
@@ -193,7 +200,7 @@ def _evaluate(s, model, g, ids, store, sampler):
     return float(correct[0] / max(correct[1], 1))
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     s, machine, role = settings(argv[0]), int(argv[1]), argv[2]
     try:
@@ -212,8 +219,10 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-def run(config, *, root, dataset, epochs=1, fanouts=(10, 5), batch_size=512, hidden=64, lr=3e-3, seed=0,
-        host_bytes=0, verify=False, fetch="directload", timeout=600.0):
+def run(config: os.PathLike[str] | str, *, root: os.PathLike[str] | str, dataset: str, epochs: int = 1,
+        fanouts: Sequence[int] = (10, 5), batch_size: int = 512, hidden: int = 64, lr: float = 3e-3, seed: int = 0,
+        host_bytes: int = 0, verify: bool = False, fetch: str = "directload",
+        timeout: float = 600.0) -> list[dict[str, Any]]:
     """Train on the partitions at ``config`` with one machine per partition on this host
     (:func:`directload.harness.dist.launch_machines`); the trainers' results, in machine order.  Every machine
     is handed the generation ``config`` names when the run starts, so none reads another.

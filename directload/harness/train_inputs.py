@@ -3,16 +3,26 @@ disk and tiered stores over the dataset's feature files.  The frameworks' sides 
 :mod:`directload.harness.train_pyg`) and :mod:`directload.harness.train` import it; it imports neither.
 """
 
-import os
+from __future__ import annotations
+
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 import torch
 
-from directload.unified import host_of
+if TYPE_CHECKING:
+    from directload.datasets import Dataset
+    from directload.stores import DiskStore, FeatureStore, StoreSpec
 
-__all__ = ["TimedTable", "DISK_FILE", "PACKED_FILE", "FEATURE_MODES", "feature_store", "disk_store",
-           "memmap_features"]
+    #: A run's configuration: a :class:`~directload.harness.train.TrainConfig` (or, in the options' check, the
+    #: command line's options over its defaults).  train.py is a layer above the modules that read it
+    #: (.importlinter, even for imports made only for the type checker), so they name it as this alias.
+    RunConfig: TypeAlias = Any
+
+__all__ = ["TimedTable", "DISK_FILE", "PACKED_FILE", "FEATURE_MODES", "feature_store", "store_spec", "feature_file",
+           "disk_store", "memmap_features"]
 
 DISK_FILE = "disk/node-feat.npy"
 #: The disk store with its rows renumbered by hotness (``directload dataset pack``), hot rows first.
@@ -42,111 +52,66 @@ class TimedTable(torch.Tensor):
         return out
 
 
-def feature_store(dataset, cfg):
-    """The store directload's loader reads features from for ``cfg``, or None (the table in memory):
-    the disk store (``features="disk"``), or a :class:`~directload.stores.TieredStore` over it
-    (``features="tiered"``, with ``cfg``'s cache budgets and policy), opened once per run."""
-    if cfg.partitioned:
-        store = getattr(dataset, "_partitioned_store", None)
-        if store is None or store.closed:
-            store = dataset._partitioned_store = partitioned_store(dataset, cfg)
-        return store
-    if cfg.features == "memory" or cfg.loader != "directload":
+def feature_store(dataset: Dataset, cfg: RunConfig) -> FeatureStore | None:
+    """The store directload's loader reads features from for ``cfg``, or None (the table in memory): the
+    stack :func:`store_spec` describes, opened once per run (kept in ``dataset.stores["run"]`` until it
+    closes), or for ``features="disk"`` the dataset's :func:`disk_store`."""
+    if not cfg.partitioned and (cfg.features == "memory" or cfg.loader != "directload"):
         return None
-    disk = disk_store(dataset, packed=cfg.packed)
-    if cfg.features == "disk":
-        return disk
-    store = getattr(dataset, "_tiered_store", None)
+    if cfg.features == "disk" and not cfg.partitioned:
+        return disk_store(dataset, packed=cfg.packed)
+    store = dataset.stores.get("run")
     if store is None or store.closed:
-        from directload.stores import TieredStore
+        from directload.stores import open_store
 
-        device = torch.device(cfg.device)
-        host, room = cfg.host_cache, None
-        if cfg.node_budget:  # the cache starts empty and grows to the loader's share (up to --host-cache)
-            table = disk.num_rows * disk.row_nbytes
-            room, host = min(cfg.host_cache or table, table), 0
-        store = TieredStore(disk, gpu_bytes=cfg.gpu_cache, host_bytes=host, staging_bytes=cfg.staging,
-                            policy=cfg.policy, device=device if device.type == "cuda" else None,
-                            host_room_bytes=room)
-        if cfg.shared_hot:
-            try:
-                store = hot_rows_store(dataset, cfg, disk, store)
-            except BaseException:
-                store.close()
-                raise
-        dataset._tiered_store = store
+        store = dataset.stores["run"] = open_store(store_spec(dataset, cfg))
     return store
 
 
-def partitioned_store(dataset, cfg):
-    """This rank's share of the features (1/world of the rows, contiguous: ``partition_bounds``) in its own
-    store, in memory (a view of the memory-mapped table: only its pages are ever touched), on disk (a
-    :class:`~directload.stores.DiskStore` over its rows of the dataset's disk store) or through a host cache
-    (``features="tiered"``), with every other row fetched from its owner by all-to-all
-    (:class:`~directload.stores.exchange.RowExchange`).  Every rank must call it, in the same order."""
-    import torch.distributed as dist
+def store_spec(dataset: Dataset, cfg: RunConfig) -> StoreSpec:
+    """The store a run of ``cfg`` reads, as a :class:`~directload.stores.StoreSpec`: tiers over the dataset's
+    disk store (its packed copy with ``cfg.packed``) with ``cfg``'s cache budgets and policy, the packed
+    store's hottest rows once per node (``cfg.shared_hot``, named by the budget and the dataset), a host cache
+    that grows into a node budget's share (``cfg.node_budget``), or this rank's share of a partitioned table
+    (``cfg.partitioned``: in memory, on disk or through a host cache).  Opens nothing."""
+    from directload.stores import StoreSpec
 
-    from directload.stores import DiskStore, PartitionedStore, TensorStore, TieredStore, read_layout
-    from directload.stores.exchange import RowExchange, partition_bounds
-
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    bounds = partition_bounds(dataset.num_nodes, world)
-    lo, hi = int(bounds[rank]), int(bounds[rank + 1])
-    if cfg.features == "memory":
-        local = TensorStore(host_of(dataset.feat)[lo:hi])
+    if cfg.partitioned and cfg.features == "memory":
+        source: Any = dataset.feat
     else:
-        path = disk_store(dataset).path  # its checks (and its one-line error when missing) first
-        layout = read_layout(path)
-        rows = dict(dtype=layout.dtype, shape=(hi - lo, *layout.shape[1:]),
-                    offset=layout.data_offset + lo * layout.row_nbytes)  # this rank's rows of the file, raw
-        local = DiskStore(path, **rows) if cfg.features == "disk" else \
-            TieredStore(path, host_bytes=cfg.host_cache, staging_bytes=cfg.staging, policy=cfg.policy, **rows)
-    try:
-        remote = RowExchange(local, bounds)
-    except BaseException:
-        local.close()
-        raise
-    return PartitionedStore(local, remote, bounds, part=rank, own=True)
+        source = feature_file(dataset, packed=cfg.packed)
+    device = torch.device(cfg.device)
+    return StoreSpec(source, tiers=cfg.features == "tiered", gpu_bytes=0 if cfg.partitioned else cfg.gpu_cache,
+                     host_bytes=cfg.host_cache, staging_bytes=cfg.staging, policy=cfg.policy,
+                     device=device if device.type == "cuda" else None, packed=cfg.packed,
+                     shared_hot_bytes=cfg.shared_hot, shared_key=f"{cfg.budget_name}-{dataset.name}",
+                     budget_bytes=cfg.node_budget, partitioned=cfg.partitioned)
 
 
-def hot_rows_store(dataset, cfg, disk, store):
-    """``store`` behind the packed disk store's hottest ``cfg.shared_hot`` bytes of rows, held once per node in
-    shared memory (:func:`directload.shared_table`): the first job on the node to get here reads them,
-    every other one maps them.  The key names the budget, the dataset and the packed file's identity, so a
-    repacked file never reuses an old copy."""
-    from directload.shared import shared_table
-    from directload.stores.hot import HotRowsStore
-
-    n = min(cfg.shared_hot // disk.row_nbytes, disk.num_rows)
-    hot = torch.as_tensor(disk.hot_ids()[:n])
-    path = dataset.path / PACKED_FILE
-    st = os.stat(path)
-    key = f"{cfg.budget_name}-{dataset.name}-hot-{st.st_ino}-{st.st_mtime_ns}-{n}"
-    # The packed file is a .npy whose first rows are the hot ones, in hot_ids' order: copied into shared
-    # memory from a mapping of the file, a chunk at a time, never through a private copy of them all.
-    rows = shared_table(key, lambda: np.load(path, mmap_mode="r", allow_pickle=False)[:n])
-    return HotRowsStore(store, hot, rows, own=True)
+def feature_file(dataset: Dataset, packed: bool = False) -> Path:
+    """The dataset's disk store file (``<dataset>/disk/node-feat.npy``, or with ``packed`` its copy renumbered
+    by hotness), or a ``FileNotFoundError`` saying which command writes it: ``directload dataset convert
+    --to disk`` the first, ``directload dataset pack`` the second."""
+    path = dataset.path / (PACKED_FILE if packed else DISK_FILE)
+    if not path.exists():
+        how = "dataset pack" if packed else "dataset convert --to disk"
+        raise FileNotFoundError(f"{path} does not exist: write it with `directload {how} --name {dataset.name}`")
+    return path
 
 
-def disk_store(dataset, packed=False):
-    """The dataset's features as a :class:`~directload.stores.DiskStore` (``<dataset>/disk/node-feat.npy``,
-    or with ``packed`` its copy renumbered by hotness), opened once per dataset object.
-    ``directload dataset convert --to disk`` writes the first, ``directload dataset pack`` the second."""
-    attr = "_packed_store" if packed else "_disk_store"
-    store = getattr(dataset, attr, None)
+def disk_store(dataset: Dataset, packed: bool = False) -> DiskStore:
+    """The dataset's features as a :class:`~directload.stores.DiskStore` over its :func:`feature_file`,
+    opened once per dataset object (kept in ``dataset.stores``)."""
+    name = "packed" if packed else "disk"
+    store = dataset.stores.get(name)
     if store is None or store.closed:
         from directload.stores import DiskStore
 
-        path = dataset.path / (PACKED_FILE if packed else DISK_FILE)
-        if not path.exists():
-            how = "dataset pack" if packed else "dataset convert --to disk"
-            raise FileNotFoundError(f"{path} does not exist: write it with `directload {how} --name {dataset.name}`")
-        store = DiskStore(path)
-        setattr(dataset, attr, store)
+        store = dataset.stores[name] = DiskStore(feature_file(dataset, packed))
     return store
 
 
-def memmap_features(dataset):
+def memmap_features(dataset: Dataset) -> torch.Tensor:
     """The dataset's ``raw/node-feat.npy`` as ``np.load(mmap_mode="r")`` gives it, as a tensor: what a
     framework's loader reads out of core without directload (no copy; pages come and go with the page cache).
 

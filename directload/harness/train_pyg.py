@@ -1,6 +1,11 @@
 """PyG's side of :mod:`directload.harness.train`: GraphSAGE and GAT with PyG's convolutions, PyG's NeighborLoader
 or directload's."""
 
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -11,6 +16,13 @@ from directload.unified import host_of
 
 from .train_inputs import TimedTable, feature_store, memmap_features
 
+if TYPE_CHECKING:
+    from torch_geometric.data import Data
+
+    from directload.datasets import Dataset
+
+    from .train_inputs import RunConfig
+
 __all__ = ["SAGE", "GAT", "build_model", "make_loader", "input_nodes", "epoch", "forward", "seed", "num_neighbors",
            "hop_counts"]
 
@@ -20,13 +32,14 @@ class SAGE(nn.Module):
     (pyg-lib's does, torch-sparse's does not), layers are trimmed as PyG recommends (``trim_to_layer``), so
     layer ``i`` computes only the nodes the later layers need, as DGL's blocks do."""
 
-    def __init__(self, in_feats, hidden, n_classes, layers, dropout):
+    def __init__(self, in_feats: int, hidden: int, n_classes: int, layers: int, dropout: float) -> None:
         super().__init__()
         dims = [in_feats] + [hidden] * (layers - 1) + [n_classes]
         self.layers = nn.ModuleList(SAGEConv(a, b, aggr="mean") for a, b in zip(dims[:-1], dims[1:]))
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x, edge_index, nodes_per_hop, edges_per_hop):
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor, nodes_per_hop: list[int] | None,
+                edges_per_hop: list[int] | None) -> torch.Tensor:
         for i, layer in enumerate(self.layers):
             x = layer(*_layer_input(i, len(self.layers), nodes_per_hop, edges_per_hop, x, edge_index))
             if i != len(self.layers) - 1:
@@ -38,7 +51,7 @@ class GAT(nn.Module):
     """GAT: multi-head hidden layers (concatenated), one averaged head at the output; trimmed per layer
     where the sampler reports its per-hop counts."""
 
-    def __init__(self, in_feats, hidden, n_classes, layers, heads, dropout):
+    def __init__(self, in_feats: int, hidden: int, n_classes: int, layers: int, heads: int, dropout: float) -> None:
         super().__init__()
         self.layers = nn.ModuleList()
         self.dropout = nn.Dropout(dropout)
@@ -48,7 +61,8 @@ class GAT(nn.Module):
             dim = hidden * heads
         self.layers.append(GATConv(dim, n_classes, 1, concat=False))
 
-    def forward(self, x, edge_index, nodes_per_hop, edges_per_hop):
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor, nodes_per_hop: list[int] | None,
+                edges_per_hop: list[int] | None) -> torch.Tensor:
         for i, layer in enumerate(self.layers):
             if i != len(self.layers) - 1:
                 x = self.dropout(x)  # one mask a node: its messages and its own row agree
@@ -72,7 +86,8 @@ def _layer_input(layer, layers, nodes_per_hop, edges_per_hop, x, edge_index):
     return (x, x[:sum(nodes_per_hop[:hops])]), edge_index[:, :sum(edges_per_hop[:hops])]
 
 
-def hop_counts(edge_index, batch_size, num_hops):
+def hop_counts(edge_index: torch.Tensor, batch_size: int,
+               num_hops: int) -> tuple[list[int], list[int]] | tuple[None, None]:
     """Per-hop node and edge counts of a sampled subgraph, as pyg-lib's sampler reports them.
 
     torch-sparse's sampler (PyG's path without pyg-lib) reports none, but it numbers nodes hop by hop (seeds
@@ -100,17 +115,17 @@ def hop_counts(edge_index, batch_size, num_hops):
     return nodes[:num_hops + 1], edges[1:num_hops + 1]
 
 
-def build_model(cfg, in_feats, n_classes):
+def build_model(cfg: RunConfig, in_feats: int, n_classes: int) -> SAGE | GAT:
     if cfg.model == "sage":
         return SAGE(in_feats, cfg.hidden, n_classes, cfg.layers, cfg.dropout)
     return GAT(in_feats, cfg.hidden // cfg.heads, n_classes, cfg.layers, cfg.heads, cfg.dropout)
 
 
-def seed(value):
+def seed(value: int) -> None:
     """PyG samples with torch's generator, which the shared loop seeds."""
 
 
-def own_sampler():
+def own_sampler() -> str:
     """The sampler PyG's loader runs here: PyG's own ("framework") where pyg-lib or torch-sparse loads, else
     directload's (PyG alone could not sample)."""
     import torch_geometric.typing as pyg_typing
@@ -118,12 +133,13 @@ def own_sampler():
     return "framework" if (pyg_typing.WITH_PYG_LIB or pyg_typing.WITH_TORCH_SPARSE) else "directload"
 
 
-def num_neighbors(fanouts):
+def num_neighbors(fanouts: Sequence[int]) -> list[int]:
     """PyG's per-hop list (first hop from the seeds first) for per-layer ``fanouts`` (DGL's order)."""
     return list(reversed(fanouts))
 
 
-def make_loader(cfg, dataset, ids, batch_size, shuffle, ddp=False):
+def make_loader(cfg: RunConfig, dataset: Dataset, ids: torch.Tensor, batch_size: int, shuffle: bool,
+                ddp: bool = False) -> PygNeighborLoader:
     """PyG's NeighborLoader over a plain (timed) table, or directload's over the unified one; with ``ddp``
     over this rank's share of ``ids``, split as PyG's examples/multi_gpu do (equal shares, so every rank
     runs as many batches)."""
@@ -158,7 +174,7 @@ def make_loader(cfg, dataset, ids, batch_size, shuffle, ddp=False):
     return NeighborLoader(dataset.to_pyg(), lookahead=cfg.lookahead, **kw)
 
 
-def input_nodes(cfg, dataset, ids, batch_size):
+def input_nodes(cfg: RunConfig, dataset: Dataset, ids: torch.Tensor, batch_size: int) -> Iterator[torch.Tensor]:
     """The nodes each batch of one epoch of the run's sampler reads (shuffled seeds), features unread."""
     from torch_geometric.data import Data
 
@@ -173,11 +189,11 @@ def input_nodes(cfg, dataset, ids, batch_size):
         yield batch.n_id
 
 
-def epoch(loader):
+def epoch(loader: Iterable[Any]) -> Iterator[Any]:
     return iter(loader)
 
 
-def forward(model, batch, cfg):
+def forward(model: nn.Module, batch: Data, cfg: RunConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logits, labels)`` of the seed nodes of one batch."""
     device = torch.device(cfg.device)
     x = batch.x.to(device, non_blocking=True).float()

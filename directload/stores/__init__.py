@@ -2,7 +2,10 @@
 
 * :class:`TensorStore`: a tensor in memory (plain, pinned, unified or on a GPU).
 * :class:`DiskStore`: a ``.npy`` file on an SSD, read with io_uring and O_DIRECT.
-* :class:`HostCache`, :class:`DeviceCache`: caches in front of a slower store, with read-ahead.
+* :class:`HostCache`, :class:`DeviceCache`: caches in front of a slower store, with read-ahead
+  (:class:`CachedStore` over a :class:`~directload.stores.slotcache.SlotCache`).
+* :class:`WrapperStore`: the base of every store in front of others; :func:`walk` visits a stack.
+* :class:`StoreSpec`: a stack described as data, checked once; :func:`open_store` opens it.
 * :class:`TieredStore`: device cache -> host cache -> disk from one call.
 * :class:`PartitionedStore`: a table split among machines or ranks, this one's rows from its own store and the
   rest from their owners (:class:`RowExchange`: all-to-all over ``torch.distributed``).
@@ -16,23 +19,29 @@ for a tiered store).
 dataset) as a disk store with checksums, and :func:`verify` checks them.
 """
 
-from .base import ClosedError, FeatureStore, ReadFuture, check_table, read_devices
+from .base import ClosedError, FeatureStore, check_table, read_devices
 from .budgeted import join_budget
-from .cache import POLICY_NAMES, Cache, DeviceCache, HostCache, make_policy
-from .disk import DirectIOWarning, DiskStore, io_path
+from .cache import CachedStore, DeviceCache, HostCache
+from .disk import DiskStore
 from .disk_format import read_layout, verify
+from .disk_open import DirectIOWarning, io_path
 from .disk_write import write_disk_store
-from .exchange import ExchangeError, RowExchange, partition_bounds
+from .exchange import ExchangeError, RowExchange
+from .futures import ReadFuture
 from .hot import HotRowsStore
 from .packing import access_counts, hot_order, renumber
-from .partitioned import PartitionedStore
+from .partitioned import PartitionedStore, partition_bounds
+from .policies import POLICY_NAMES, make_policy
 from .records import CacheStats, Staged, Stats, TieredStats
+from .spec import StoreSpec, open_store
 from .tensor import TensorStore
 from .tiered import TieredStore
+from .wrapper import WrapperStore, walk
 
 __all__ = ["FeatureStore", "ReadFuture", "TensorStore", "DiskStore", "DirectIOWarning", "ClosedError",
            "write_disk_store", "verify", "read_layout", "read_devices", "check_table", "io_path",
-           "Cache", "HostCache", "DeviceCache", "TieredStore", "make_policy", "POLICY_NAMES",
+           "CachedStore", "WrapperStore", "walk", "HostCache", "DeviceCache", "TieredStore", "make_policy",
+           "POLICY_NAMES",
            "Staged", "Stats", "CacheStats", "TieredStats",
            "access_counts", "hot_order", "renumber", "join_budget", "HotRowsStore", "PartitionedStore",
-           "RowExchange", "ExchangeError", "partition_bounds"]
+           "RowExchange", "ExchangeError", "partition_bounds", "StoreSpec", "open_store"]

@@ -9,122 +9,32 @@ then call protected hooks, so a bad id or a wrong ``out`` raises a typed error
 before any kernel runs, whatever the store.
 """
 
+from __future__ import annotations
+
 import os
-import threading
 import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Self
 
 import numpy as np
 import torch
 
 from directload.capabilities import usable_device
 from directload.kernels.devices import HOST, read_devices
-from directload.kernels.operands import check_readable, memory_span, out_of_range, overlaps
+from directload.kernels.operands import memory_span, out_of_range, overlaps
 from directload.unified import ClosedError
 
+from .reads import as_index, deliver
 from .records import Staged, Stats
 
-__all__ = ["FeatureStore", "ReadFuture", "read_devices", "check_table", "ClosedError", "deliver"]
+if TYPE_CHECKING:
+    from .futures import ReadFuture
+    from .reads import Ids
+
+__all__ = ["FeatureStore", "read_devices", "check_table", "ClosedError"]
 
 
-def deliver(rows, out, device):
-    """``rows`` as a read returns them: written into ``out`` when given (unless they are ``out`` already),
-    else on ``device`` (moved there if they are elsewhere).  The one place a read's result is placed.
-
-    Examples
-    --------
-    >>> rows = torch.ones(2, 3)
-    >>> deliver(rows, None, torch.device("cpu")) is rows
-    True
-    >>> out = torch.zeros(2, 3)
-    >>> deliver(rows, out, torch.device("cpu")) is out, out.sum().item()
-    (True, 6.0)
-    """
-    if out is not None:
-        if out.data_ptr() != rows.data_ptr():
-            out.copy_(rows)
-        return out
-    return rows if rows.device == device else rows.to(device)
-
-
-class ReadFuture:
-    """A read in flight.  :meth:`wait` gives the rows, or raises what the read raised.
-
-    ``wait`` may be called any number of times and from any thread; it blocks
-    until the read is done, then returns the same tensor (or raises the same
-    exception) each time.  A failure on a background thread always reaches the
-    caller here: nothing is swallowed.
-
-    Examples
-    --------
-    >>> f = ReadFuture(result=torch.ones(2))
-    >>> f.done(), f.wait().tolist()
-    (True, [1.0, 1.0])
-    """
-
-    #: What a ``steal`` callable returns when the work had started on its thread already.
-    NOT_STOLEN = object()
-
-    def __init__(self, run=None, *, future=None, result=None, done=None, steal=None):
-        # steal: with ``future``, called by wait() with the future: where the work had not started it cancels
-        # the future and does the work on the waiting thread (two thread switches spared, the same result),
-        # else it returns NOT_STOLEN and wait() waits for the future
-        self._run, self._future, self._result, self._done, self._steal = run, future, result, done, steal
-        self._error = None
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
-
-    def wait(self):
-        """The rows (``[len(ids), *row_shape]``), once the read is complete.
-
-        A read still in flight when the process forked cannot complete in the child (the thread doing
-        it stayed in the parent): waiting for it there raises ``RuntimeError`` instead of hanging.
-        """
-        if self._pid != os.getpid():
-            if self._future is not None:
-                raise RuntimeError("this read was started before the process forked and runs in the parent: "
-                                   "it cannot complete in this child; read the rows again here")
-            self._lock, self._pid = threading.Lock(), os.getpid()  # a parent's thread may have held it
-        with self._lock:
-            # An Exception is the read's outcome, kept for every later wait(); a KeyboardInterrupt or
-            # SystemExit while waiting is not, and leaves the read to be waited for again.
-            if self._future is not None:
-                got = ReadFuture.NOT_STOLEN
-                try:
-                    if self._steal is not None:
-                        got = self._steal(self._future)
-                    self._result = self._future.result() if got is ReadFuture.NOT_STOLEN else got
-                except Exception as exc:  # the worker's own exception, traceback intact
-                    self._error = exc
-                self._future = self._steal = None
-            if self._run is not None:
-                try:
-                    self._result = self._run()
-                except Exception as exc:
-                    self._error = exc
-                self._run = None
-            if self._error is not None:
-                raise self._error
-            return self._result
-
-    def done(self):
-        """Whether :meth:`wait` would return at once.
-
-        A read that runs on the caller's thread (a CPU gather from memory) runs
-        here, so polling ``done()`` always ends.
-        """
-        if self._run is not None:
-            if self._done is not None:
-                return self._done()
-            try:
-                self.wait()
-            except Exception:  # noqa: BLE001 - kept, and raised by wait()
-                pass
-            return True
-        future = self._future
-        return future is None or future.done()
-
-
-def check_table(what, table):
+def check_table(what: str, table: object) -> None:
     """Raise ``TypeError`` for an object that looks like a store (it has ``gather`` or ``read``) but is not
     a :class:`FeatureStore`: the loaders take tensors (and arrays) or FeatureStores, nothing duck-typed."""
     if isinstance(table, (torch.Tensor, np.ndarray, FeatureStore)):
@@ -134,49 +44,7 @@ def check_table(what, table):
                         "directload.stores.FeatureStore (subclass it, or wrap the rows in a TensorStore)")
 
 
-def _zero_d(ids):
-    # torch's indexing would give one row without its batch dimension, index_select a batch of one: a read
-    # gives neither silently, it always returns [len(ids), *row_shape]
-    return (f"ids must be 1-D, got a 0-d {type(ids).__name__} (a single id): pass [i] to read one row as a "
-            "batch of one")
-
-
-def _as_index(ids):
-    """``ids`` as a 1-D int64/int32 tensor (numpy arrays and lists accepted), or a typed error."""
-    if isinstance(ids, torch.Tensor):
-        t = ids
-    elif isinstance(ids, np.ndarray):
-        if ids.dtype.kind not in "iu":
-            raise TypeError(f"ids must be integers, got a numpy array of {ids.dtype}")
-        if ids.ndim == 0:
-            raise ValueError(_zero_d(ids))
-        if ids.dtype == np.uint64 and ids.size and int(ids.max()) > np.iinfo(np.int64).max:
-            raise out_of_range(int(ids.max()), None, what="row id")
-        t = torch.from_numpy(np.ascontiguousarray(ids).astype(np.int64, copy=False))
-    elif isinstance(ids, (list, tuple, range)):
-        if any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) for i in ids):
-            raise TypeError("ids must be integers")
-        big = next((int(i) for i in ids if not -2 ** 63 <= int(i) < 2 ** 63), None)
-        if big is not None:
-            raise out_of_range(big, None, what="row id")
-        t = torch.tensor(list(ids), dtype=torch.int64) if len(ids) else torch.empty(0, dtype=torch.int64)
-    else:
-        raise TypeError(f"ids must be a tensor, a numpy array or a list of integers, not {type(ids).__name__}")
-    check_readable(t, "ids")
-    if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
-        raise TypeError(f"ids must be integer row ids, got {t.dtype}")
-    if t.dim() == 0:
-        raise ValueError(_zero_d(ids))
-    if str(t.dtype) in ("torch.uint32", "torch.uint64"):  # torch >= 2.3: check before int64 could wrap
-        return _as_index(t.cpu().numpy()).to(t.device)
-    if t.dim() != 1:
-        raise ValueError(f"ids must be 1-D, got shape {tuple(t.shape)}")
-    if t.dtype not in (torch.int32, torch.int64):
-        t = t.to(torch.int64)
-    return t
-
-
-_live = weakref.WeakSet()  # every store, for the fork handler
+_live: weakref.WeakSet[FeatureStore] = weakref.WeakSet()  # every store, for the fork handler
 
 
 def _after_fork_in_child():
@@ -202,7 +70,7 @@ class FeatureStore:
       CPU, then copied to a GPU result.
     * **``out``.**  Optional; ``[len(ids), *row_shape]``, the store's dtype,
       contiguous, on the result device.  The read writes into it and returns
-      it.  Do not touch it until :meth:`ReadFuture.wait` has returned; after
+      it.  Do not touch it until :meth:`~directload.stores.ReadFuture.wait` has returned; after
       that it is yours again and may be reused for the next read.
     * **A result without ``out``** is a new tensor that nothing else writes.
     * **Closing.**  :meth:`close` lets reads already started finish (their
@@ -225,49 +93,54 @@ class FeatureStore:
     #: What holds the rows, as :func:`directload.kernels.devices.memory_of` says it: ``"host"``
     #: (pageable memory, and files read through a host staging buffer), ``"mapped"`` (pinned,
     #: GPU-mapped host memory) or the ``torch.device`` of the GPU memory that holds them.
-    memory = HOST
+    if TYPE_CHECKING:  # read-only to its users; subclasses override it with a property or a class attribute
+        @property
+        def memory(self) -> str | torch.device: ...
+    else:
+        memory = HOST
 
     #: The name :meth:`stats` reports this store's counters under.
     tier = "store"
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._closed = False
         _live.add(self)
 
     # ----------------------------------------------------------------- shape
     @property
-    def num_rows(self):
+    def num_rows(self) -> int:
         raise NotImplementedError
 
     @property
-    def row_shape(self):
+    def row_shape(self) -> tuple[int, ...]:
         raise NotImplementedError
 
     @property
-    def dtype(self):
+    def dtype(self) -> torch.dtype:
         raise NotImplementedError
 
     @property
-    def shape(self):
+    def shape(self) -> tuple[int, ...]:
         """``(num_rows, *row_shape)``."""
         return (self.num_rows, *self.row_shape)
 
     @property
-    def row_nbytes(self):
+    def row_nbytes(self) -> int:
         """Bytes per row."""
         return int(np.prod(self.row_shape, dtype=np.int64)) * torch.empty(0, dtype=self.dtype).element_size()
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.num_rows
 
     # ----------------------------------------------------------------- reads
-    def read_async(self, ids, *, out=None, device=None):
-        """Start reading the rows at ``ids``; returns a :class:`ReadFuture`.
+    def read_async(self, ids: Ids, *, out: torch.Tensor | None = None,
+                   device: torch.device | str | None = None) -> ReadFuture:
+        """Start reading the rows at ``ids``; returns a :class:`~directload.stores.ReadFuture`.
 
         Every check runs before this returns (see the class's memory contract).
         """
         self.check_open()
-        index = _as_index(ids)
+        index = as_index(ids)
         if device is not None:
             device = usable_device(device)  # NoDeviceError for a GPU this machine does not have
         run, out_device = read_devices(index.device, device, self.memory)
@@ -277,11 +150,12 @@ class FeatureStore:
             _bump_version(out)  # the read writes it in place, as index_select(out=) does
         return self._read_async(index, out, run, out_device)
 
-    def read(self, ids, *, out=None, device=None):
+    def read(self, ids: Ids, *, out: torch.Tensor | None = None,
+             device: torch.device | str | None = None) -> torch.Tensor:
         """The rows at ``ids``: exactly ``read_async(ids, out=out, device=device).wait()``."""
         return self.read_async(ids, out=out, device=device).wait()
 
-    def stage(self, ids, into, *, mapped=False):
+    def stage(self, ids: Ids, into: Callable[[int], np.ndarray], *, mapped: bool = False) -> Staged:
         """The tier contract: the rows at ``ids`` as a flat tier for the fused gather of a cache in front of
         this store.  Returns a :class:`~directload.stores.records.Staged` (``flat``, ``offsets``).
 
@@ -297,7 +171,7 @@ class FeatureStore:
         :class:`~directload.stores.DeviceCache`.
         """
         self.check_open()
-        index = _as_index(ids)
+        index = as_index(ids)
         self._check_bounds(index)
         rows = index.cpu().numpy().astype(np.int64, copy=False)
         return self._stage(rows, into, mapped)
@@ -326,7 +200,7 @@ class FeatureStore:
         cpu = torch.device("cpu")
         deliver(self._read_async(torch.from_numpy(rows), out, cpu, cpu).wait(), out, cpu)  # a store may not fill out
 
-    def hot_ids(self):
+    def hot_ids(self) -> np.ndarray | torch.Tensor | None:
         """The row ids most worth caching, most wanted first, where the store knows them (a disk store
         renumbered by hotness: its file order), else None.  :meth:`~directload.stores.Cache.warm` fills a
         cache with them."""
@@ -342,14 +216,14 @@ class FeatureStore:
                                  "(directload.stores.renumber)")
         return ids
 
-    def prefetch(self, ids):
+    def prefetch(self, ids: Ids) -> None:
         """A hint that ``ids`` will be read soon (the loaders call it with each batch's ids ahead).
 
         The ids are checked as a read's are (errors before any work); then :meth:`_prefetch` acts on
         them: nothing by default, read-ahead in caching stores.
         """
         self.check_open()
-        index = _as_index(ids)
+        index = as_index(ids)
         self._check_bounds(index)
         self._prefetch(index)
 
@@ -357,14 +231,14 @@ class FeatureStore:
         """Act on checked prefetch ids (1-D int32/int64, in range); the default does nothing."""
 
     # ------------------------------------------------------------- counters
-    def stats(self):
+    def stats(self) -> Stats:
         """This store's counters since it opened (or :meth:`reset_stats`): a
         :class:`~directload.stores.records.Stats` mapping (a :class:`~directload.stores.records.CacheStats`
         for a cache, a :class:`~directload.stores.records.TieredStats` of every tier for a tiered store).
         A store that counts nothing gives an empty record."""
         return Stats(self.tier, self._counters())
 
-    def reset_stats(self):
+    def reset_stats(self) -> None:
         """Start every counter of this store (and of the tiers behind it) from zero."""
         self._reset_counters()
 
@@ -377,20 +251,20 @@ class FeatureStore:
 
     # -------------------------------------------------------------- lifetime
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self._closed
 
-    def close(self):
+    def close(self) -> None:
         """Finish reads in flight, then release the store's resources.  Idempotent."""
         if self._closed:
             return
         self._closed = True
         self._close()
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self):
@@ -411,18 +285,23 @@ class FeatureStore:
         locks replaces them here (the default has none)."""
 
     # --------------------------------------------------------------- helpers
-    def check_open(self):
+    def check_open(self) -> None:
         """Raise :class:`ClosedError` if the store is closed (a composite store checks its parts with it)."""
         if self._closed:
             raise ClosedError(f"{self!r} is closed")
 
     def _check_bounds(self, index):
-        if not index.numel():
+        if not index.numel() or (index.is_cuda and self._bounds_on_device()):
             return
         lo, hi = (int(v) for v in torch.aminmax(index))  # one pass (and one sync on a GPU)
         if lo < 0 or hi >= self.num_rows:
             bad = lo if lo < 0 else hi
             raise out_of_range(bad, self.num_rows, what="row id")
+
+    def _bounds_on_device(self):
+        """A hook: whether this store's GPU read checks a CUDA index's bounds itself, with no host sync (then
+        :meth:`read_async` leaves them to it and ``wait()`` raises).  None does by default."""
+        return False
 
     def _check_out(self, out, n, device):
         want = (n, *self.row_shape)
@@ -450,7 +329,12 @@ class FeatureStore:
                     raise ValueError(f"out shares memory with {self!r}'s own rows: a read cannot write where it "
                                      "reads; pass a separate out")
 
-    def held_memory(self):
+    def children(self) -> tuple[FeatureStore, ...]:
+        """The stores this one reads through, top first (none for a store of its own rows; see
+        :class:`~directload.stores.wrapper.WrapperStore`)."""
+        return ()
+
+    def held_memory(self) -> tuple[torch.Tensor | np.ndarray, ...]:
         """Tensors (or arrays) whose memory the store reads rows from or keeps them in, which no ``out`` may
         overlap: a tensor store's table, a cache's slots, and those of the stores it wraps (:meth:`_own_memory`).
         """

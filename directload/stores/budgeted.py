@@ -1,27 +1,24 @@
 """A store that follows its share of a node budget: its host cache grows and shrinks to the share's
 host bytes, its disk keeps at most the share's queue depth in flight (:mod:`directload.budget`)."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from directload.budget import NodeBudget, Resources
 
 from .base import ClosedError, FeatureStore
 from .cache import HostCache
 from .disk import DiskStore
-from .tiered import TieredStore
+from .wrapper import walk
+
+if TYPE_CHECKING:
+    from directload.budget import Share
 
 __all__ = ["join_budget"]
 
 
-def _chain(store):
-    """The stores a read goes through, top first."""
-    if isinstance(store, TieredStore):
-        return _chain(store.top)
-    below = getattr(store, "fallback", None)  # a cache, or hot rows in front of a store
-    if isinstance(below, FeatureStore):
-        return [store, *_chain(below)]
-    return [store]
-
-
-def join_budget(store, budget, *, host_bytes=None):
+def join_budget(store: FeatureStore, budget: NodeBudget, *, host_bytes: int | str | None = None) -> Share:
     """Join ``budget`` (a :class:`~directload.budget.NodeBudget`) for ``store`` and follow the share.
 
     The store asks for its host cache's room plus its staging slots (or ``host_bytes``) and, where the
@@ -37,7 +34,7 @@ def join_budget(store, budget, *, host_bytes=None):
     Examples
     --------
     >>> import tempfile, torch
-    >>> from directload.stores import TensorStore
+    >>> from directload.stores import TensorStore, TieredStore
     >>> from directload.budget import NodeBudget
     >>> table = torch.zeros(1000, 4)  # 16 B rows
     >>> with tempfile.TemporaryDirectory() as where:
@@ -57,7 +54,7 @@ def join_budget(store, budget, *, host_bytes=None):
         raise TypeError(f"store must be a directload FeatureStore, not {type(store).__name__}")
     if not isinstance(budget, NodeBudget):
         raise TypeError(f"budget must be a directload.budget.NodeBudget, not {type(budget).__name__}")
-    chain = _chain(store)
+    chain = list(walk(store))  # every store under it, through their public children()
     host = next((s for s in chain if isinstance(s, HostCache)), None)
     disk = next((s for s in chain if isinstance(s, DiskStore)), None)
     if host is None and disk is None:
@@ -70,7 +67,7 @@ def join_budget(store, budget, *, host_bytes=None):
 
         room = min(room, max(check_bytes("host_bytes", host_bytes), staging))
     io = disk is not None and budget.limits.io_depth > 0  # a budget without a queue depth leaves it alone
-    depth = disk.stats()["queue_depth"] if io else 0
+    depth = disk.stats()["queue_depth"] if io else 0  # type: ignore[union-attr]  # (io: there is a disk)
     pinned = host is not None and host.pinned and budget.limits.pinned_bytes > 0
     want = Resources(room, room if pinned else 0, depth)
     least = Resources(staging, staging if pinned else 0, 1 if io else 0)

@@ -1,34 +1,34 @@
 """``DiskStore``: rows read straight from an SSD with io_uring and O_DIRECT, no root, no page cache."""
 
+from __future__ import annotations
+
 import os
 import threading
 import time
-import warnings
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import torch
 
-from directload.buffers import StagingBuffer, aligned
+from directload.buffers import StagingBuffer
 from directload.files import CorruptFileError
-from directload.kernels.carriers import ELEMENT_SIZES
 from directload.kernels.devices import MAPPED, memory_of
 from directload.kernels.host_pool import default_pool
-from directload.kernels.tiered import flat_where, gather_tiered
 from directload.units import check_int
 
-from . import disk_io
-from .base import FeatureStore, ReadFuture, deliver
-from .disk_format import OPEN_ATTEMPTS, raw_layout, read_layout
+from . import disk_staging
+from .base import FeatureStore
+from .disk_counters import DiskCounters
+from .disk_io import read_error
+from .disk_open import check_options, io_path, make_engine, open_layout
+from .futures import ReadFuture
+from .reads import deliver
 from .records import Staged
 
-__all__ = ["DiskStore", "DirectIOWarning", "io_path"]
+__all__ = ["DiskStore"]
 
-_MAX_BLOCK = 1 << 16
 _POOL_BYTES = 1 << 20
-_MAX_READ = 1 << 30  # one read's length is a 32-bit count
 _fork_lock = threading.Lock()  # a forked child's first reads start its engine once
 
 
@@ -38,53 +38,6 @@ def _after_fork_in_child():
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-class DirectIOWarning(UserWarning):
-    """The file system refuses O_DIRECT (tmpfs, ``/dev/shm``): reads go through the page cache.
-
-    Examples
-    --------
-    >>> issubclass(DirectIOWarning, UserWarning)
-    True
-    """
-
-
-def io_path(engine="auto"):
-    """The read path a :class:`DiskStore` takes here: ``"io_uring"`` or ``"pread"``."""
-    if engine not in ("auto", "io_uring", "pread"):
-        raise ValueError(f"engine must be 'auto', 'io_uring' or 'pread', not {engine!r}")
-    if engine == "auto":
-        return "io_uring" if disk_io.uring_available() else "pread"
-    return engine
-
-
-def _sysfs_block(fd):
-    """The logical block size the kernel reports for the file's device, or None."""
-    dev = os.fstat(fd).st_dev
-    base = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"
-    for where in (f"{base}/queue/logical_block_size", f"{base}/../queue/logical_block_size"):
-        try:
-            with open(where) as f:
-                return int(f.read())
-        except (OSError, ValueError):
-            continue
-    return None
-
-
-def _probe_block(fd, hint):
-    """The smallest O_DIRECT read granularity that works, measured: ``hint`` (sysfs) first, doubling."""
-    buf = aligned(_MAX_BLOCK, pin="never")
-    block = hint if hint and hint & (hint - 1) == 0 else 512
-    while block <= _MAX_BLOCK:
-        try:
-            os.preadv(fd, [memoryview(buf[:block])], 0)
-            return block
-        except OSError as exc:
-            if exc.errno != 22:  # EINVAL: misaligned for this device
-                raise
-            block *= 2
-    raise OSError(22, "no O_DIRECT read granularity up to 64 KiB works on this file")
 
 
 class DiskStore(FeatureStore):
@@ -169,109 +122,47 @@ class DiskStore(FeatureStore):
 
     tier = "disk"
 
-    def __init__(self, path, *, dtype=None, shape=None, offset=0, queue_depth=64, rings=1, engine="auto",
-                 direct="auto", merge_gap=0, max_read=128 << 10, retries=3, staging_bytes=64 << 20, submit_batch=1,
-                 _expect=None):
+    def __init__(self, path: os.PathLike[str] | str, *, dtype: torch.dtype | None = None,
+                 shape: Sequence[int] | None = None, offset: int = 0, queue_depth: int = 64, rings: int = 1,
+                 engine: str = "auto", direct: bool | str = "auto", merge_gap: int = 0, max_read: int = 128 << 10,
+                 retries: int = 3, staging_bytes: int = 64 << 20, submit_batch: int = 1,
+                 _expect: tuple[int | None, int | None, str | None] | None = None) -> None:
         super().__init__()
-        for name, value, low, high in (("queue_depth", queue_depth, 1, 4096), ("rings", rings, 1, None),
-                                       ("merge_gap", merge_gap, 0, None), ("max_read", max_read, 1, _MAX_READ),
-                                       ("retries", retries, 0, None), ("staging_bytes", staging_bytes, 4096, None),
-                                       ("submit_batch", submit_batch, 1, None)):
-            check_int(name, value, low=low, high=high)
-        if direct not in ("auto", True, False):
-            raise ValueError(f"direct must be 'auto', True or False, not {direct!r}")
-        self.path = Path(path)
-        if (dtype is None) != (shape is None):
-            raise ValueError("a raw file needs both dtype and shape (a .npy file needs neither)")
-        self._options = dict(dtype=dtype, shape=shape, offset=offset, queue_depth=queue_depth, rings=rings,
-                             engine=engine, direct=direct,
-                             merge_gap=merge_gap, max_read=max_read, retries=retries, staging_bytes=staging_bytes,
-                             submit_batch=submit_batch)
+        self.path, self._options = check_options(
+            path, dtype=dtype, shape=shape, offset=offset, queue_depth=queue_depth, rings=rings, engine=engine,
+            direct=direct, merge_gap=merge_gap, max_read=max_read, retries=retries, staging_bytes=staging_bytes,
+            submit_batch=submit_batch)
         self.engine_name = io_path(engine)
-        self._lock = threading.Lock()
         self._submit_lock = threading.Lock()  # a read is submitted, or the store closed, never both at once
-        self._stats = dict.fromkeys(("rows", "unique_rows", "requested_bytes", "bytes_read", "reads",
-                                     "io_seconds", "cpu_seconds", "batches", "zero_copy_batches"), 0)
-        self._pid = None
+        self._counts = DiskCounters()
+        self._pid: int | None = None
         self._io_limit = queue_depth
         self._staging = StagingBuffer(minimum=1, growth_limit=staging_bytes)
-        self._fd = self._open_file(_expect)
+        # the layout (a store's current generation) and that very file, opened with O_DIRECT where it can be
+        self._layout, self._fd, self.block, self.direct = open_layout(
+            self.path, dtype=dtype, shape=shape, offset=offset, direct=direct, expect=_expect, stacklevel=2)
+        self.id_map = self._layout.id_map  # a renumbered store (hot rows packed together): applied to every read
         self._start()
-
-    def _open_file(self, expect=None):
-        """Read the layout (a store's current generation, its id map checked) and open that very file for
-        I/O; a writer publishing a new generation meanwhile makes it read again.  ``expect``: the
-        ``(device, inode, token)`` a pickled store had, which the file reopened must have too."""
-        for _ in range(OPEN_ATTEMPTS):
-            if self._options["dtype"] is None:
-                layout = read_layout(self.path, with_id_map=True)
-            else:
-                layout = raw_layout(self.path, self._options["dtype"], self._options["shape"],
-                                    self._options["offset"])
-            if expect is not None and (layout.device, layout.inode, layout.token) != tuple(expect):
-                raise CorruptFileError(f"{self.path}: the store was rewritten or replaced since this DiskStore "
-                                       "was opened in the process that sent it; open it again")
-            if layout.row_nbytes > _MAX_READ - 2 * _MAX_BLOCK:
-                raise ValueError(f"{self.path}: rows of {layout.row_nbytes} bytes; a disk store reads rows of "
-                                 "up to 1 GiB")
-            try:
-                fd = self._open_direct(layout.path)
-            except FileNotFoundError:
-                continue  # the generation went: a new one was published since its layout was read
-            st = os.fstat(fd)
-            if (st.st_dev, st.st_ino, st.st_size) == (layout.device, layout.inode, layout.file_bytes):
-                self._layout = layout
-                # a renumbered store (hot rows packed together): its id map, applied to every read
-                self.id_map = layout.id_map
-                return fd
-            os.close(fd)
-        raise CorruptFileError(f"{self.path}: the file kept changing while it was being opened")
 
     # ---------------------------------------------------------------- shape
     @property
-    def num_rows(self):
+    def num_rows(self) -> int:
         return self._layout.shape[0]
 
     @property
-    def row_shape(self):
+    def row_shape(self) -> tuple[int, ...]:
         return self._layout.shape[1:]
 
     @property
-    def dtype(self):
+    def dtype(self) -> torch.dtype:
         return self._layout.dtype
-
-    # ---------------------------------------------------------- per process
-    def _open_direct(self, path):
-        """``path`` opened for reads, with O_DIRECT where the file system takes it (``self.block`` set)."""
-        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
-        direct = self._options["direct"]
-        fd = None
-        if direct is not False:
-            try:
-                fd = os.open(path, flags | os.O_DIRECT)
-                self.block = _probe_block(fd, _sysfs_block(fd))
-            except OSError as exc:
-                if fd is not None:
-                    os.close(fd)
-                    fd = None
-                if exc.errno != 22 or direct is True:
-                    raise
-                warnings.warn(f"{self.path}: the file system refuses O_DIRECT; reading through the page cache "
-                              "(rows read stay cached by the kernel)", DirectIOWarning, stacklevel=4)
-        self.direct = fd is not None
-        if fd is None:
-            fd = os.open(path, flags)
-            self.block = 512  # no alignment needed; 512-byte reads keep the copy small
-        return fd
 
     # ---------------------------------------------------------- per process
     def _start(self):
         """The engine and the read thread of this process (the file stays open across fork)."""
         o = self._options
-        if self.engine_name == "io_uring":
-            engine = disk_io.UringEngine(o["queue_depth"], o["rings"], o["retries"], o["submit_batch"])
-        else:
-            engine = disk_io.PreadEngine(max(4, o["rings"] * 4), o["retries"])
+        engine = make_engine(self.engine_name, queue_depth=o["queue_depth"], rings=o["rings"], retries=o["retries"],
+                             submit_batch=o["submit_batch"])
         engine.limit = self._io_limit
         self._engine = engine
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="directload-disk")
@@ -280,7 +171,8 @@ class DiskStore(FeatureStore):
     def _after_fork(self):
         # The parent's read thread and rings did not come along, and a lock its threads held at the
         # fork would stay held here: fresh locks now, a fresh engine at the first read.
-        self._lock, self._submit_lock = threading.Lock(), threading.Lock()
+        self._submit_lock = threading.Lock()
+        self._counts.after_fork()
         self._staging = StagingBuffer(minimum=1, growth_limit=self._options["staging_bytes"])
 
     def _this_process(self):
@@ -297,7 +189,7 @@ class DiskStore(FeatureStore):
                          (layout.device, layout.inode, layout.token))
 
     # ---------------------------------------------------------------- reads
-    def hot_ids(self):
+    def hot_ids(self) -> np.ndarray | None:
         """A renumbered store's ids in file order, hottest first (None for a file in its own order)."""
         if self.id_map is None:
             return None
@@ -337,18 +229,10 @@ class DiskStore(FeatureStore):
         else:
             host = torch.empty((n, *self.row_shape), dtype=self.dtype)
         if p is not None:
-            # Reads go in rounds through one reused staging buffer of at most staging_bytes (plus one read),
-            # each round's rows copied out before the next, so a big batch needs no big second copy of itself.
+            # Reads go in rounds through one reused staging buffer of at most staging_bytes (plus one read).
             staging = self._staging_buffer(min(p.total, p.chunk))
-            out_bytes = host.view(torch.uint8).numpy().reshape(-1)
-            row_read = np.searchsorted(p.starts, p.row_pos, side="right") - 1
-            a = 0
-            while a < p.offsets.shape[0]:
-                b = max(int(np.searchsorted(p.ends, p.starts[a] + p.chunk, side="right")), a + 1)  # reads that fit
-                self._read_round(p, a, b, staging)
-                lo, hi = np.searchsorted(row_read, [a, b])
-                disk_io.copy_rows_range(staging, p.row_pos - p.starts[a], p.inverse, out_bytes, rnb, lo, hi)
-                a = b
+            disk_staging.read_in_rounds(p, staging, host.view(torch.uint8).numpy().reshape(-1), rnb,
+                                     lambda a, b: self._read_round(p, a, b, staging))
             self._count_reads(p)
         self._count_batch(n)
         return deliver(host, out, device)
@@ -359,7 +243,7 @@ class DiskStore(FeatureStore):
         where that does not apply: a batch that needs several rounds, rows not element-aligned in the
         file, staging the GPU cannot map.  On the CPU (``device`` cpu) the same path runs the CPU tiered
         kernel."""
-        elem = self._flat_elem()
+        elem = disk_staging.flat_element(self.dtype, self._layout.data_offset)
         if elem is None:
             return None
         if device.type == "cuda":
@@ -369,12 +253,7 @@ class DiskStore(FeatureStore):
         staging = self._staging_buffer(p.total)
         if device.type == "cuda" and memory_of(torch.from_numpy(staging)) != MAPPED:
             return None
-        flat, offs = self._one_round(p, staging, elem)
-        where = torch.from_numpy(flat_where(offs)).to(device)
-        cache = torch.empty((0, *self.row_shape), dtype=self.dtype, device=device)
-        result = gather_tiered(cache, flat, where, out=out)
-        if device.type == "cuda":
-            torch.cuda.current_stream(device).synchronize()  # the staging buffer is the next read's
+        result = disk_staging.gather_staged(*self._one_round(p, staging, elem), self.row_shape, out, device)
         self._count_batch(n, zero_copy=True)
         return result
 
@@ -383,7 +262,7 @@ class DiskStore(FeatureStore):
         element offsets there: a cache's fused gather reads them in place.  The copy path where the rows
         are off their element grid or the reads need several rounds."""
         self._this_process()
-        elem = self._flat_elem()
+        elem = disk_staging.flat_element(self.dtype, self._layout.data_offset)
         if rows.size and self.row_nbytes and elem is not None:
             physical = rows if self.id_map is None else self.id_map[rows]
             got = self._submit(self._stage_rows, physical, into, elem).result()
@@ -399,13 +278,6 @@ class DiskStore(FeatureStore):
         self._count_batch(rows.shape[0])
         return got
 
-    def _flat_elem(self):
-        """The element size when the rows can be addressed as a flat tier (an element width the tiered
-        gather moves, rows on their element grid in the file), else None: complex128, or rows off
-        their grid, go through the copy path."""
-        elem = torch.empty(0, dtype=self.dtype).element_size()
-        return elem if elem in ELEMENT_SIZES and not self._layout.data_offset % elem else None
-
     def _one_round(self, p, staging, elem):
         """Plan ``p`` read in one round into ``staging``: the flat tier (this store's dtype) and each
         asked-for row's element offset in it, in the order asked (an id map leaves them unsorted)."""
@@ -415,19 +287,13 @@ class DiskStore(FeatureStore):
 
     def _plan(self, ids):
         """The reads of a batch: unique rows, block-aligned merged reads and each row's place in staging."""
-        rows, inverse = np.unique(ids, return_inverse=True)
-        layout = self._layout
-        offsets, lengths, needed, row_pos = disk_io.plan_reads(
-            rows, self.row_nbytes, layout.data_offset, layout.file_bytes, self.block, self._options["merge_gap"],
-            max(self._options["max_read"], self.block))
+        layout, o = self._layout, self._options
+        p = disk_staging.plan_batch(ids, self.row_nbytes, layout.data_offset, layout.file_bytes, self.block,
+                                 o["merge_gap"], o["max_read"], o["staging_bytes"])
         if os.fstat(self._fd).st_size != layout.file_bytes:
             raise CorruptFileError(f"{self.path}: the file changed size after it was opened "
                                    f"({layout.file_bytes} -> {os.fstat(self._fd).st_size} bytes)")
-        ends = np.cumsum(lengths, dtype=np.int64)  # each read's place in one long staging run
-        return SimpleNamespace(rows=rows, inverse=inverse.reshape(-1).astype(np.int64, copy=False), offsets=offsets,
-                               lengths=lengths, needed=needed, row_pos=row_pos, starts=ends - lengths, ends=ends,
-                               total=int(ends[-1]), chunk=max(self._options["staging_bytes"], int(lengths.max())),
-                               io_seconds=0.0, cpu_seconds=0.0)
+        return p
 
     def _read_round(self, p, a, b, staging):
         """Reads ``[a, b)`` of plan ``p`` into ``staging`` (read ``a`` at its start); an I/O error raises."""
@@ -439,37 +305,22 @@ class DiskStore(FeatureStore):
         bad = np.flatnonzero(res < 0)
         if bad.size:
             k = a + bad[0]
-            self._raise(int(-res[bad[0]]), int(p.offsets[k]), int(p.lengths[k]))
+            raise read_error(self.path, int(-res[bad[0]]), int(p.offsets[k]), int(p.lengths[k]),
+                             self._options["retries"])
 
     def _count_reads(self, p):
-        with self._lock:
-            s = self._stats
-            s["unique_rows"] += p.rows.shape[0]
-            s["bytes_read"] += p.total
-            s["reads"] += p.offsets.shape[0]
-            s["io_seconds"] += p.io_seconds
-            s["cpu_seconds"] += p.cpu_seconds + self._engine.take_cpu_seconds()
+        self._counts.add(unique_rows=p.rows.shape[0], bytes_read=p.total, reads=p.offsets.shape[0],
+                         io_seconds=p.io_seconds, cpu_seconds=p.cpu_seconds + self._engine.take_cpu_seconds())
 
     def _count_batch(self, n, zero_copy=False):
-        with self._lock:
-            self._stats["rows"] += n
-            self._stats["requested_bytes"] += n * self.row_nbytes
-            self._stats["batches"] += 1
-            self._stats["zero_copy_batches"] += zero_copy
+        self._counts.add(rows=n, requested_bytes=n * self.row_nbytes, batches=1, zero_copy_batches=zero_copy)
 
     def _staging_buffer(self, nbytes):
         """The store's staging buffer (page-aligned for O_DIRECT, pinned where CUDA runs), at least ``nbytes``."""
         return self._staging.take(nbytes)
 
-    def _raise(self, code, offset, length):
-        where = f"{self.path}: read of {length} bytes at offset {offset}"
-        if code == disk_io._ENODATA:
-            raise CorruptFileError(f"{where} hit the end of the file: it shrank after it was opened")
-        raise OSError(code, f"{where} failed after {self._options['retries']} retries: {os.strerror(code)}",
-                      str(self.path))
-
     # ------------------------------------------------------------- counters
-    def set_io_depth(self, depth):
+    def set_io_depth(self, depth: int) -> int:
         """Keep at most ``depth`` reads in flight per ring (at most the ``queue_depth`` opened with; the
         pread fallback: threads), from the next batch on, as a node budget's share of the disk's queue asks
         (:mod:`directload.budget`).  Returns the depth now in force.
@@ -491,34 +342,15 @@ class DiskStore(FeatureStore):
         return self._io_limit
 
     def _counters(self):
-        """Counters since open (or :meth:`reset_stats`), as :meth:`stats` reports them.
-
-        ``rows`` and ``requested_bytes`` count the ids asked for;
-        ``unique_rows`` the distinct ones; ``bytes_read`` what the disk
-        delivered, so ``read_amplification`` is ``bytes_read`` over the
-        distinct rows' bytes; ``reads`` the requests issued; ``iops`` and
-        ``gb_per_s`` are over the time spent in the engine; ``cpu_us_per_read``
-        is the CPU time of the submitting threads per read;
-        ``zero_copy_batches`` the batches a GPU gathered straight from the
-        pinned staging buffer (the tiered gather), with no host copy.
-        """
-        with self._lock:
-            s = dict(self._stats)
-        unique_bytes = s["unique_rows"] * self.row_nbytes
-        s.update(
-            engine=self.engine_name, direct=self.direct, block=self.block,
-            queue_depth=self._options["queue_depth"], io_depth=self._io_limit, rings=self._options["rings"],
-            submit_batch=self._options["submit_batch"],
-            read_amplification=s["bytes_read"] / unique_bytes if unique_bytes else 0.0,
-            iops=s["reads"] / s["io_seconds"] if s["io_seconds"] else 0.0,
-            gb_per_s=s["bytes_read"] / s["io_seconds"] / 1e9 if s["io_seconds"] else 0.0,
-            cpu_us_per_read=s["cpu_seconds"] / s["reads"] * 1e6 if s["reads"] else 0.0)
-        return s
+        """Counters since open (or :meth:`reset_stats`), as :meth:`stats` reports them
+        (:meth:`~directload.stores.disk_counters.DiskCounters.report` says what each means)."""
+        o = self._options
+        return self._counts.report(self.row_nbytes, engine=self.engine_name, direct=self.direct, block=self.block,
+                                   queue_depth=o["queue_depth"], io_depth=self._io_limit, rings=o["rings"],
+                                   submit_batch=o["submit_batch"])
 
     def _reset_counters(self):
-        with self._lock:
-            for key in self._stats:
-                self._stats[key] = 0
+        self._counts.reset()
 
     # ------------------------------------------------------------- lifetime
     def _close(self):

@@ -18,12 +18,16 @@ needs its sidecar, a packed store needs its id map, and every failure is a
 :class:`~directload.files.CorruptFileError` that names the file and the field.
 """
 
+from __future__ import annotations
+
 import json
 import math
 import os
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -73,21 +77,21 @@ class Layout:
 
     path: Path
     dtype: torch.dtype
-    shape: tuple
+    shape: tuple[int, ...]
     data_offset: int
     file_bytes: int
-    sidecar: dict = None
-    token: str = None
-    device: int = None
-    inode: int = None
-    id_map: np.ndarray = None
+    sidecar: dict[str, Any] | None = None
+    token: str | None = None
+    device: int | None = None
+    inode: int | None = None
+    id_map: np.ndarray | None = None
 
     @property
-    def row_nbytes(self):
+    def row_nbytes(self) -> int:
         return math.prod(self.shape[1:]) * torch.empty(0, dtype=self.dtype).element_size()
 
     @property
-    def packed(self):
+    def packed(self) -> bool:
         return bool(self.sidecar and self.sidecar.get("id_map") is not None)
 
 
@@ -112,7 +116,7 @@ def _resolve(path):
     return Path(os.path.realpath(path))
 
 
-def read_layout(path, *, with_id_map=False):
+def read_layout(path: os.PathLike[str] | str, *, with_id_map: bool = False) -> Layout:
     """The :class:`Layout` of a ``.npy`` file or disk store, checked against its sidecar when it has one.
 
     A store's link is followed to its current generation; when a writer publishes a new generation while
@@ -174,7 +178,7 @@ def _read(path, target, with_id_map):
     return Layout(target, dtype, head.shape, head.offset, head.size, meta, token, head.device, head.inode, id_map)
 
 
-def sidecar_crc(meta):
+def sidecar_crc(meta: Mapping[str, Any]) -> int:
     """The CRC32C of a sidecar's fields other than its own checksum, over their canonical JSON."""
     crc32c = require("crc32c")
     body = {k: v for k, v in meta.items() if k != "sidecar_crc32c"}
@@ -291,7 +295,7 @@ def _read_id_map(meta, target, data_head, token):
     return new_of_old
 
 
-def raw_layout(path, dtype, shape, offset=0):
+def raw_layout(path: os.PathLike[str] | str, dtype: torch.dtype, shape: Sequence[int], offset: int = 0) -> Layout:
     """The :class:`Layout` of raw row-major bytes: ``shape`` rows of ``dtype`` from byte ``offset``.
 
     Raises
@@ -321,7 +325,7 @@ def raw_layout(path, dtype, shape, offset=0):
     return Layout(path, dtype, shape, offset, st.st_size, None, None, st.st_dev, st.st_ino)
 
 
-def same_file(a, b):
+def same_file(a: os.PathLike[str] | str, b: os.PathLike[str] | str) -> bool:
     """Whether two paths name one file (links followed); False when either is missing."""
     try:
         return os.path.samefile(a, b)
@@ -329,7 +333,7 @@ def same_file(a, b):
         return False
 
 
-def verify(path, *, progress=True):
+def verify(path: os.PathLike[str] | str, *, progress: bool = True) -> dict[str, Any]:
     """Check every chunk of a disk store against its sidecar's CRC32C.
 
     Returns

@@ -1,11 +1,15 @@
 """Writing a disk store: stream a table into a new generation of the store, crash-consistently."""
 
+from __future__ import annotations
+
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from tqdm.auto import tqdm
 
@@ -18,7 +22,7 @@ from .generations import FORMAT, StoreWrite
 __all__ = ["write_disk_store", "check_chunk_bytes"]
 
 
-def check_chunk_bytes(value):
+def check_chunk_bytes(value: int) -> int:
     """``value`` when it is an integer number of bytes from 1 to 2**40, else ``ValueError``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= 1 << 40:
         raise ValueError(f"chunk_bytes must be a positive integer number of bytes (at most 2**40), got {value!r}")
@@ -126,8 +130,9 @@ def _inverse_permutation(order, n):
     return new_of_old
 
 
-def write_disk_store(src, path, *, overwrite=False, progress=True, chunk_bytes=CHUNK_BYTES, order=None,
-                     fetch=None):
+def write_disk_store(src: object, path: os.PathLike[str] | str, *, overwrite: bool = False, progress: bool = True,
+                     chunk_bytes: int = CHUNK_BYTES, order: npt.ArrayLike | None = None,
+                     fetch: Callable[[np.ndarray], npt.ArrayLike] | None = None) -> Path:
     """Write a feature table as a disk store (``.npy`` plus sidecar), streaming, with a progress bar.
 
     The write is crash-consistent (:mod:`directload.stores.generations`): the new rows, sidecar and id

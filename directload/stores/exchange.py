@@ -1,18 +1,20 @@
 """``RowExchange``: a table split across ``torch.distributed`` ranks, rows fetched from their owners by all-to-all.
 
-Each rank holds one contiguous range of rows (:func:`partition_bounds`) in its own store.  A read sends the
-ids it wants to their owners and gets the rows back, three ``all_to_all_single`` steps on a process group
-of its own (counts, ids, rows), after a first one that checks every rank holds the same table.  It is the
-``remote`` of a :class:`~directload.stores.PartitionedStore` in a PyG job, as DGL's KVStore is in a
-DistDGL one.
+Each rank holds one contiguous range of rows (:func:`~directload.stores.partition_bounds`) in its own
+store.  A read sends the ids it wants to their owners and gets the rows back, three ``all_to_all_single``
+steps on a process group of its own (counts, ids, rows), after a first one that checks every rank holds the
+same table.  It is the ``remote`` of a :class:`~directload.stores.PartitionedStore` in a PyG job, as DGL's
+KVStore is in a DistDGL one.
 """
+
+from __future__ import annotations
 
 import threading
 import time
-import zlib
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -21,15 +23,22 @@ import torch.distributed as dist
 from directload.errors import DirectloadError
 from directload.kernels import gather
 from directload.kernels.devices import HOST
-from directload.units import check_int
 
-from .base import FeatureStore, ReadFuture, deliver
+from .exchange_check import describe_table, disagreement
+from .futures import ReadFuture
 from .partitioned import check_bounds, owners
-from .records import Stats, TieredStats
+from .reads import deliver
+from .wrapper import WrapperStore
 
-__all__ = ["RowExchange", "ExchangeError", "partition_bounds"]
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
-_stranded = []  # in a forked child: the parent's groups, never destroyed here (see RowExchange._after_fork)
+    from .base import FeatureStore
+
+__all__ = ["RowExchange", "ExchangeError"]
+
+# in a forked child: the parent's groups, never destroyed here (see RowExchange._after_fork)
+_stranded: list[dist.ProcessGroup | None] = []
 _COUNTERS = ("rounds", "rows_asked", "rows_received", "duplicates_saved", "local_rows", "rows_sent",
              "bytes_sent", "bytes_received", "seconds")
 
@@ -46,33 +55,6 @@ class ExchangeError(DirectloadError, RuntimeError):
     """
 
 
-def partition_bounds(num_rows, parts):
-    """``[0, end_0, ..., num_rows]``: ``num_rows`` ids split into ``parts`` contiguous ranges as evenly as
-    possible (the first ``num_rows % parts`` ranges one row longer), an int64 numpy array.
-
-    Parameters
-    ----------
-    num_rows : int
-        Rows of the table, ``>= 0``.
-    parts : int
-        Partitions (ranks), ``>= 1``.
-
-    Examples
-    --------
-    >>> partition_bounds(10, 3).tolist()
-    [0, 4, 7, 10]
-    >>> partition_bounds(10, 0)
-    Traceback (most recent call last):
-    ...
-    ValueError: parts must be a positive integer, got 0
-    """
-    num_rows = check_int("num_rows", num_rows, low=0)
-    parts = check_int("parts", parts)
-    sizes = np.full(parts, num_rows // parts, dtype=np.int64)
-    sizes[:num_rows % parts] += 1
-    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-
-
 def _seconds(timeout):
     """``timeout`` (a ``timedelta`` or seconds) as positive seconds, or ``ValueError``."""
     value = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
@@ -86,66 +68,7 @@ def _first_line(exc):
     return lines[0] if lines else type(exc).__name__
 
 
-_NAME_BYTES, _DIMS = 32, 16  # a table's description: its dtype's name and up to 16 dims in full (a checksum of all)
-
-
-def _describe(dtype, row_shape, bounds):
-    """A table as seen by one rank, as int64: dtype name, row bytes, row shape and partition bounds.  It has
-    the same length on every rank of a group (``bounds`` has one entry per rank, and one more), so gathering
-    them can never be the step whose sizes disagree."""
-    name = str(dtype).removeprefix("torch.").encode()[:_NAME_BYTES].ljust(_NAME_BYTES, b"\0")
-    dims = list(row_shape)
-    nbytes = int(np.prod(dims, dtype=np.int64)) * torch.empty(0, dtype=dtype).element_size()
-    head = [nbytes, len(dims), zlib.crc32(repr(tuple(dims)).encode())]
-    return np.concatenate([np.frombuffer(name, dtype=np.int64), head, (dims + [0] * _DIMS)[:_DIMS],
-                           bounds]).astype(np.int64)
-
-
-def _shown(described):
-    """``(rows, bounds)``: what :func:`_describe` said, in words."""
-    words = _NAME_BYTES // 8
-    name = described[:words].tobytes().rstrip(b"\0").decode(errors="replace")
-    ndim = int(described[words + 1])
-    dims = described[words + 3:words + 3 + min(ndim, _DIMS)].tolist()
-    shape = repr(tuple(dims)) if ndim <= _DIMS else f"({', '.join(map(str, dims))}, ... {ndim} dims)"
-    bounds = described[words + 3 + _DIMS:].tolist()
-    shown = bounds if len(bounds) <= 9 else [*bounds[:4], "...", *bounds[-2:]]
-    return f"{name} rows of {shape}", f"bounds [{', '.join(map(str, shown))}]"
-
-
-def _disagreement(described):
-    """``None`` when every rank (a row of ``described``) holds the same table, else the one line that says
-    which ranks hold what, those that differ from rank 0 first.
-
-    Examples
-    --------
-    >>> a, b = _describe(torch.float32, (4,), [0, 2, 4]), _describe(torch.int32, (4,), [0, 2, 4])
-    >>> _disagreement(np.stack([a, a])) is None
-    True
-    >>> _disagreement(np.stack([a, b, b])).split(";")[0]
-    'ranks 1, 2 have int32 rows of (4,), rank 0 float32 rows of (4,)'
-    """
-    shown = [_shown(row) for row in described]
-    differ = [i for i, what in enumerate(("rows", "bounds")) if len({s[i] for s in shown}) > 1]
-    if not differ:
-        return None
-    groups = {}  # what a rank holds -> the ranks that hold it, rank 0's first
-    for rank, s in enumerate(shown):
-        groups.setdefault(" and ".join(s[i] for i in differ), []).append(rank)
-    parts = [*list(groups.items())[1:], next(iter(groups.items()))]
-    said = []
-    for n, (what, ranks) in enumerate(parts):
-        if len(ranks) == 1:
-            who, verb = f"rank {ranks[0]}", "has"
-        else:
-            more = "" if len(ranks) <= 8 else f" ... ({len(ranks)} ranks)"
-            who, verb = f"ranks {', '.join(map(str, ranks[:8]))}{more}", "have"
-        said.append(f"{who} {verb} {what}" if n == 0 else f"{who} {what}")
-    advice = ("give every rank's store the same dtype and row shape", "give every rank the same bounds")
-    return f"{', '.join(said)}; {'; '.join(advice[i] for i in differ)}"
-
-
-class RowExchange(FeatureStore):
+class RowExchange(WrapperStore):
     """The whole table, as seen from one rank: its own rows from ``local``, every other row from its owner.
 
     Reads are collective: every rank of the group must make the same number of reads, in the same order
@@ -160,7 +83,7 @@ class RowExchange(FeatureStore):
     local : FeatureStore
         This rank's rows, ``bounds[rank]:bounds[rank + 1]``, in id order (memory, disk or tiers).
     bounds : sequence of int
-        ``[0, end_0, ..., num_rows]``, one range per rank of the group (:func:`partition_bounds`).
+        ``[0, end_0, ..., num_rows]``, one range per rank of the group (:func:`~directload.stores.partition_bounds`).
     group : torch.distributed.ProcessGroup, optional
         The ranks that hold the table, ranked as ``bounds`` is.  Default: a new group over every rank
         (``torch.distributed.new_group``), so its collectives never interleave with those of DDP on the
@@ -206,7 +129,7 @@ class RowExchange(FeatureStore):
     Examples
     --------
     >>> import tempfile, torch.distributed as dist
-    >>> from directload.stores import TensorStore
+    >>> from directload.stores import TensorStore, partition_bounds
     >>> rendezvous = f"file://{tempfile.mkdtemp()}/rendezvous"
     >>> dist.init_process_group("gloo", init_method=rendezvous, rank=0, world_size=1)
     >>> table = torch.arange(12.0).view(6, 2)
@@ -218,11 +141,10 @@ class RowExchange(FeatureStore):
 
     tier = "exchange"
 
-    def __init__(self, local, bounds, *, group=None, backend=None, timeout=60.0, own=False):
-        super().__init__()
-        if not isinstance(local, FeatureStore):
-            raise TypeError(f"local must be a directload FeatureStore, not {type(local).__name__}")
-        local.check_open()
+    def __init__(self, local: FeatureStore, bounds: npt.ArrayLike | torch.Tensor, *,
+                 group: dist.ProcessGroup | None = None, backend: str | None = None,
+                 timeout: float | timedelta = 60.0, own: bool = False) -> None:
+        super().__init__(local, own=own, name="local")
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised: call torch.distributed.init_process_group "
                                "on every rank before making a RowExchange")
@@ -246,38 +168,29 @@ class RowExchange(FeatureStore):
             group = dist.new_group(backend=backend or ("nccl" if gpu else "gloo"), timeout=timedelta(seconds=seconds))
         self._nccl = dist.get_backend(group) == "nccl"
         self._wire = torch.device("cuda", torch.cuda.current_device()) if self._nccl else torch.device("cpu")
-        self.local, self.bounds, self.group, self._own = local, bounds, group, own
+        self.bounds, self.group = bounds, group
         self.rank, self.world_size, self.timeout = rank, world, seconds
         self._start, self._end = start, end
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="directload-exchange")
+        self._worker: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="directload-exchange")
         # The tensors of the last steps, held until the group is gone: gloo's threads release a finished step's
         # tensors a moment after wait() returns, and a tensor whose last reference they drop needs the GIL,
         # which close() holds while torch joins those threads (a deadlock seen with torch 2.2).
-        self._in_flight = deque(maxlen=9)
+        self._in_flight: deque[tuple[torch.Tensor, torch.Tensor]] = deque(maxlen=9)
         self._lock = threading.Lock()
         self._rounds = 0  # rounds started, numbered in the errors
-        self._error = None
+        self._error: ExchangeError | None = None
         self._agreed = False  # the ranks found to hold the same table (the first round's check step)
-        self._stats = dict.fromkeys(_COUNTERS, 0)
+        self._stats: dict[str, float] = dict.fromkeys(_COUNTERS, 0)
+
+    local = property(lambda self: self.inner, doc="This rank's rows, in id order from ``bounds[rank]``.")
 
     @property
-    def num_rows(self):
+    def num_rows(self) -> int:
         return int(self.bounds[-1])
 
     @property
-    def row_shape(self):
-        return self.local.row_shape
-
-    @property
-    def dtype(self):
-        return self.local.dtype
-
-    @property
-    def memory(self):
+    def memory(self) -> str | torch.device:
         return self._wire if self._nccl else HOST
-
-    def _own_memory(self):
-        return self.local.held_memory()
 
     # ----------------------------------------------------------------- reads
     def _check_usable(self):
@@ -336,17 +249,18 @@ class RowExchange(FeatureStore):
         return result
 
     def _agree(self, number):
-        """The first round's first step: every rank's table (:func:`_describe`) to every other, the same size
-        from each; one :class:`ExchangeError` on every rank where they differ, latched as any other."""
+        """The first round's first step: every rank's table
+        (:func:`~directload.stores.exchange_check.describe_table`) to every other, the same size from each;
+        one :class:`ExchangeError` on every rank where they differ, latched as any other."""
         world = self.world_size
-        mine = _describe(self.dtype, self.row_shape, self.bounds)
+        mine = describe_table(self.dtype, self.row_shape, self.bounds)
         try:
             every = self._step(number, "check", torch.from_numpy(np.tile(mine, world)), [mine.size] * world,
                                [mine.size] * world)
         except ExchangeError as exc:
             self._error = self._error or exc
             raise
-        said = _disagreement(every.view(world, mine.size).numpy())
+        said = disagreement(every.view(world, mine.size).numpy())
         if said is not None:
             self._error = ExchangeError(f"rank {self.rank} of {world}: the ranks' tables differ: {said}")
             raise self._error
@@ -391,6 +305,12 @@ class RowExchange(FeatureStore):
                                 f"before this round (timeout {self.timeout:g} s)") from exc
         return recv.cpu()
 
+    def _stage(self, rows, into, mapped):
+        return self._copy_stage(rows, into)  # ids are the whole table's, not the local store's
+
+    def hot_ids(self) -> None:
+        return None  # the local store's hot ids are in its own numbering
+
     def _prefetch(self, index):
         ids = index.cpu().numpy().astype(np.int64, copy=False)
         mine = ids[(ids >= self._start) & (ids < self._end)]
@@ -398,19 +318,18 @@ class RowExchange(FeatureStore):
             self.local.prefetch(torch.from_numpy(mine - self._start))
 
     # ------------------------------------------------------------- counters
-    def stats(self):
-        """This store's record (``"exchange"``: ``rounds``; ``rows_asked`` of other ranks with duplicates,
-        ``rows_received`` distinct, ``duplicates_saved``, ``local_rows`` of this rank's own range read
-        directly; ``rows_sent`` to peers; ``bytes_sent``/``bytes_received`` to/from peers, rows, ids and
-        counts; ``seconds`` in rounds) before the local store's tiers."""
+    def _counters(self):
+        """``"exchange"``: ``rounds``; ``rows_asked`` of other ranks with duplicates, ``rows_received``
+        distinct, ``duplicates_saved``, ``local_rows`` of this rank's own range read directly; ``rows_sent``
+        to peers; ``bytes_sent``/``bytes_received`` to/from peers, rows, ids and counts; ``seconds`` in
+        rounds (the local store's tiers follow in :meth:`stats`)."""
         with self._lock:
-            mine = Stats(self.tier, {**self._stats, "rank": self.rank, "world_size": self.world_size})
-        return TieredStats([mine, *self.local.stats().tiers])
+            return {**self._stats, "rank": self.rank, "world_size": self.world_size}
 
     def _reset_counters(self):
         with self._lock:
             self._stats = dict.fromkeys(_COUNTERS, 0)
-        self.local.reset_stats()
+        super()._reset_counters()
 
     # -------------------------------------------------------------- lifetime
     def _close(self):
@@ -420,8 +339,7 @@ class RowExchange(FeatureStore):
             dist.destroy_process_group(self.group)
         self.group = None  # (the last reference to a group made here: torch joins its threads now)
         self._in_flight.clear()
-        if self._own:
-            self.local.close()
+        super()._close()
 
     def _after_fork(self):
         # the group's connections and the round thread stay with the parent; the child keeps its copy of the

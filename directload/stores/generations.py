@@ -28,6 +28,8 @@ A store written by directload before generations (a plain ``feat.npy`` with ``fe
 is still read, and is replaced by a linked generation the next time it is written.
 """
 
+from __future__ import annotations
+
 import contextlib
 import fcntl
 import json
@@ -35,7 +37,9 @@ import os
 import re
 import secrets
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO, Any, Self
 
 from directload.atomic import fsync_dir, new_partial, partial_pattern
 from directload.npy import CorruptFileError, open_regular, read_header
@@ -51,23 +55,23 @@ MAX_SIDECAR_BYTES = 64 << 20
 _ROLES = {"data": "", "map": ID_MAP_SUFFIX, "sidecar": SIDECAR_SUFFIX}
 
 
-def sidecar_path(path):
+def sidecar_path(path: os.PathLike[str] | str) -> Path:
     """The sidecar of the rows at ``path`` (a generation's data file, or a store from before generations)."""
     return Path(str(path) + SIDECAR_SUFFIX)
 
 
-def id_map_path(path):
+def id_map_path(path: os.PathLike[str] | str) -> Path:
     """Where the id map of the renumbered rows at ``path`` lives (next to the file)."""
     return Path(str(path) + ID_MAP_SUFFIX)
 
 
-def crash_point(step):
+def crash_point(step: str) -> None:
     """Called after every step of a write (``step`` names it); does nothing.  The crash-consistency tests
     replace it in a child process to kill that process at each step in turn (SQLite's crash-point
     injection), so every instant of a write is tried."""
 
 
-def read_sidecar_json(path):
+def read_sidecar_json(path: os.PathLike[str] | str) -> dict[str, Any]:
     """A sidecar's JSON object, or :class:`CorruptFileError` naming ``path``: not a regular file, longer
     than :data:`MAX_SIDECAR_BYTES`, not UTF-8 JSON, nested too deeply, or not an object.
     ``FileNotFoundError`` when there is none."""
@@ -90,7 +94,7 @@ def _generation_re(name):
                       + r")?")
 
 
-def current(path):
+def current(path: os.PathLike[str] | str) -> tuple[Path, int] | tuple[None, None]:
     """``(generation file, N)`` when ``path`` is a link to its generation ``N`` (``path.g<N>`` beside it),
     else ``(None, None)``.  Reads the link only; the generation may be missing."""
     path = Path(path)
@@ -137,13 +141,13 @@ class StoreWrite:
     'x.npy'
     """
 
-    def __init__(self, path, *, overwrite=False):
+    def __init__(self, path: os.PathLike[str] | str, *, overwrite: bool = False) -> None:
         self.path = Path(path)
         self.directory = self.path.parent
         self.name = self.path.name
         self._overwrite = overwrite
-        self._lock_fd = None
-        self._partials = {}
+        self._lock_fd: int | None = None
+        self._partials: dict[str, Path] = {}
         self._committed = False
 
     # ------------------------------------------------------------ ownership
@@ -165,7 +169,7 @@ class StoreWrite:
             pass
         return "foreign", None
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
         try:
@@ -203,7 +207,7 @@ class StoreWrite:
         _, now = current(self.path)
         return out + ([now] if now is not None else [])
 
-    def sweep(self, keep):
+    def sweep(self, keep: str | None) -> None:
         """Remove what killed writes of this store left: partials, generations the link does not name
         (``keep`` is the one it names) and, once the store is a link, a pre-generation sidecar and map."""
         partial = partial_pattern(self.name)
@@ -239,32 +243,33 @@ class StoreWrite:
 
     # ------------------------------------------------------------- writing
     @property
-    def data_name(self):
+    def data_name(self) -> str:
         """The file name of the new generation's rows."""
         return f"{self.name}.g{self.generation}"
 
-    def final_path(self, role):
+    def final_path(self, role: str) -> Path:
         return self.directory / (self.data_name + _ROLES[role])
 
     @contextlib.contextmanager
-    def create(self, role, mode="wb"):
+    def create(self, role: str, mode: str = "wb") -> Iterator[IO[Any]]:
         """A new partial file for ``role`` (``"data"``, ``"map"`` or ``"sidecar"``), opened with ``mode``;
         flushed and synced when the block ends."""
         if role not in _ROLES or role in self._partials:
             raise ValueError(f"role must be one of {sorted(_ROLES)}, each once, got {role!r}")
         fd, tmp = new_partial(self.directory, self.name, role)
         self._partials[role] = tmp
-        with os.fdopen(fd, mode, **({"encoding": "utf-8"} if "b" not in mode else {})) as f:
+        # (mypy: a text mode's encoding, passed as **kwargs, matches no overload of a mode not known statically)
+        with os.fdopen(fd, mode, **({"encoding": "utf-8"} if "b" not in mode else {})) as f:  # type: ignore[call-overload]
             yield f
             f.flush()
             os.fsync(f.fileno())
         crash_point(f"written:{role}")
 
-    def step(self, name):
+    def step(self, name: str) -> None:
         """A writer's own step (a chunk of rows written, ...), for :func:`crash_point`."""
         crash_point(name)
 
-    def commit(self):
+    def commit(self) -> None:
         """Rename the partials to the new generation, publish it with one rename of the link, then remove
         the old generation."""
         if "data" not in self._partials or "sidecar" not in self._partials:
@@ -295,7 +300,7 @@ class StoreWrite:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         try:
             for tmp in self._partials.values():
                 _remove(tmp)

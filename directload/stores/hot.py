@@ -1,19 +1,29 @@
 """``HotRowsStore``: read-only hot rows held once per node, in front of each process's own store."""
 
+from __future__ import annotations
+
 import threading
+from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from directload.kernels.operands import check_readable, host_of
 
-from .base import FeatureStore, ReadFuture
-from .records import Stats, TieredStats
+from .futures import ReadFuture
+from .wrapper import WrapperStore
+
+if TYPE_CHECKING:
+    from directload.unified import UnifiedTensor
+
+    from .base import FeatureStore
+    from .reads import Ids
 
 __all__ = ["HotRowsStore"]
 
 
-class HotRowsStore(FeatureStore):
+class HotRowsStore(WrapperStore):
     """Reads of the rows in ``hot_ids`` come from ``rows``, every other read from ``fallback``.
 
     Made for many processes on one node reading one table: the hottest rows (a packed disk store's first
@@ -45,11 +55,9 @@ class HotRowsStore(FeatureStore):
 
     tier = "hot"
 
-    def __init__(self, fallback, hot_ids, rows, *, own=False):
-        super().__init__()
-        if not isinstance(fallback, FeatureStore):
-            raise TypeError(f"fallback must be a directload FeatureStore, not {type(fallback).__name__}")
-        fallback.check_open()
+    def __init__(self, fallback: FeatureStore, hot_ids: npt.ArrayLike | torch.Tensor,
+                 rows: torch.Tensor | UnifiedTensor, *, own: bool = False) -> None:
+        super().__init__(fallback, own=own, name="fallback")
         if isinstance(hot_ids, torch.Tensor):
             check_readable(hot_ids, "hot_ids")
         hot = np.asarray(hot_ids.cpu() if isinstance(hot_ids, torch.Tensor) else hot_ids)
@@ -68,7 +76,6 @@ class HotRowsStore(FeatureStore):
         if tuple(host.shape) != want or host.dtype != fallback.dtype or host.device.type != "cpu":
             raise ValueError(f"rows must be a host {fallback.dtype} tensor of shape {want}, got {host.dtype} "
                              f"{tuple(host.shape)} on {host.device}")
-        self.fallback, self._own = fallback, own
         self._keep = rows  # the mapping stays alive as long as this store
         self._rows = host
         self._pos = np.full(n, -1, np.int64)
@@ -77,24 +84,10 @@ class HotRowsStore(FeatureStore):
         self._lock = threading.Lock()
         self._stats = {"rows": 0, "hit_rows": 0, "miss_rows": 0}
 
-    @property
-    def num_rows(self):
-        return self.fallback.num_rows
+    fallback = property(lambda self: self.inner, doc="The store of every row that is not hot.")
 
     @property
-    def row_shape(self):
-        return self.fallback.row_shape
-
-    @property
-    def dtype(self):
-        return self.fallback.dtype
-
-    @property
-    def memory(self):
-        return self.fallback.memory
-
-    @property
-    def hot_rows(self):
+    def hot_rows(self) -> int:
         """How many rows are hot."""
         return int(self._hot.size)
 
@@ -129,6 +122,9 @@ class HotRowsStore(FeatureStore):
 
         return ReadFuture(run=finish)
 
+    def _stage(self, rows, into, mapped):
+        return self._copy_stage(rows, into)  # through this store's reads: the hot rows from the node's copy
+
     def _cold(self, index):
         ids = index.cpu().numpy().astype(np.int64, copy=False)
         return torch.from_numpy(ids[self._pos[ids] < 0])
@@ -136,14 +132,14 @@ class HotRowsStore(FeatureStore):
     def _prefetch(self, index):
         self.fallback.prefetch(self._cold(index))
 
-    def hot_ids(self):
+    def hot_ids(self) -> torch.Tensor | None:
         """The fallback's hot rows that are not held here (what its caches are worth filling with)."""
         ids = self.fallback.hot_ids()
         if ids is None:
             return None
         return self._cold(torch.as_tensor(ids))
 
-    def warm(self, ids=None, *, background=False, progress=False):
+    def warm(self, ids: Ids | None = None, *, background: bool = False, progress: bool = False) -> int | dict[str, int]:
         """Warm the fallback's caches with ``ids`` (default :meth:`hot_ids`), leaving out the hot rows."""
         self.check_open()
         if not callable(getattr(self.fallback, "warm", None)):
@@ -151,24 +147,22 @@ class HotRowsStore(FeatureStore):
         ids = self._warm_ids(ids)
         return self.fallback.warm(self._cold(torch.as_tensor(ids)), background=background, progress=progress)
 
-    def stats(self):
-        """This store's record (``"hot"``: rows asked, ``hit_rows`` served here, ``miss_rows`` passed on) before
-        the fallback's tiers."""
+    def _counters(self):
+        """``"hot"``: rows asked, ``hit_rows`` served here, ``miss_rows`` passed on (the fallback's tiers follow
+        in :meth:`stats`)."""
         with self._lock:
-            mine = Stats(self.tier, {**self._stats, "hit_rate": self._stats["hit_rows"] / max(self._stats["rows"], 1),
-                                     "capacity_rows": self.hot_rows})
-        return TieredStats([mine, *self.fallback.stats().tiers])
+            return {**self._stats, "hit_rate": self._stats["hit_rows"] / max(self._stats["rows"], 1),
+                    "capacity_rows": self.hot_rows}
 
     def _reset_counters(self):
         with self._lock:
             for key in self._stats:
                 self._stats[key] = 0
-        self.fallback.reset_stats()
+        super()._reset_counters()
 
     def _close(self):
         self._keep = self._rows = None  # the node's copy is let go of (its last user removes its name)
-        if self._own:
-            self.fallback.close()
+        super()._close()
 
     def __repr__(self):
         state = ", closed" if self._closed else ""

@@ -8,7 +8,15 @@ in the file) is stored next to it, with its checksum in the sidecar, and a
 :class:`~directload.stores.DiskStore` applies it to every read, so nothing above the store changes.
 """
 
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from directload.kernels.operands import out_of_range
@@ -19,7 +27,7 @@ from .disk_write import write_disk_store
 __all__ = ["access_counts", "hot_order", "renumber"]
 
 
-def access_counts(batches, num_rows):
+def access_counts(batches: Iterable[npt.ArrayLike | torch.Tensor], num_rows: int) -> np.ndarray:
     """How many of ``batches`` (id arrays: K pre-sampled batches, or a first epoch) read each row.
 
     Examples
@@ -36,7 +44,7 @@ def access_counts(batches, num_rows):
     return counts
 
 
-def hot_order(counts, tiebreak=None):
+def hot_order(counts: npt.ArrayLike, tiebreak: npt.ArrayLike | None = None) -> np.ndarray:
     """The new row order: most read first; among rows read equally often, highest ``tiebreak`` first
     (e.g. in-degree: a profile of a few batches sees most rows once or never, and the degree tells
     which of those the sampler meets more), then the old order (so cold rows keep whatever locality the
@@ -58,7 +66,9 @@ def hot_order(counts, tiebreak=None):
     return np.lexsort((np.arange(counts.shape[0]), -tiebreak, -counts))
 
 
-def renumber(src, dst, counts, *, tiebreak=None, overwrite=False, progress=True, **disk_options):
+def renumber(src: os.PathLike[str] | str, dst: os.PathLike[str] | str, counts: npt.ArrayLike, *,
+             tiebreak: npt.ArrayLike | None = None, overwrite: bool = False, progress: bool = True,
+             **disk_options: Any) -> Path:
     """Write ``src`` (a disk store or ``.npy`` file) to ``dst`` with its rows in :func:`hot_order`
     (``counts``, then ``tiebreak``), plus the id map a :class:`~directload.stores.DiskStore` on ``dst``
     applies.  Rows are read through a DiskStore (io_uring), in file order per chunk.  Returns ``dst``.

@@ -4,21 +4,55 @@ This process owns one range and reads it from its own store (memory, disk or tie
 from ``remote``, a :class:`FeatureStore` over the whole table that fetches rows from their owners (DGL's
 KVStore or RPC in a DistDGL job, an all-to-all over ``torch.distributed`` in a PyG one).  Ranges are what
 DGL's partitioner gives (``RangePartitionBook``: ids reshuffled so that each partition's are contiguous)
-and what :func:`directload.stores.exchange.partition_bounds` makes for PyG.
+and what :func:`partition_bounds` makes for PyG.
 """
+
+from __future__ import annotations
 
 import threading
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
-from .base import FeatureStore, ReadFuture
+from directload.units import check_int
+
+from .base import FeatureStore
+from .futures import ReadFuture
 from .records import Stats, TieredStats
+from .wrapper import WrapperStore
 
-__all__ = ["PartitionedStore", "check_bounds", "owners"]
+__all__ = ["PartitionedStore", "partition_bounds", "check_bounds", "owners"]
 
 
-def check_bounds(bounds, num_rows=None):
+def partition_bounds(num_rows: int, parts: int) -> np.ndarray:
+    """``[0, end_0, ..., num_rows]``: ``num_rows`` ids split into ``parts`` contiguous ranges as evenly as
+    possible (the first ``num_rows % parts`` ranges one row longer), an int64 numpy array.
+
+    Parameters
+    ----------
+    num_rows : int
+        Rows of the table, ``>= 0``.
+    parts : int
+        Partitions (ranks), ``>= 1``.
+
+    Examples
+    --------
+    >>> partition_bounds(10, 3).tolist()
+    [0, 4, 7, 10]
+    >>> partition_bounds(10, 0)
+    Traceback (most recent call last):
+    ...
+    ValueError: parts must be a positive integer, got 0
+    """
+    num_rows = check_int("num_rows", num_rows, low=0)
+    parts = check_int("parts", parts)
+    sizes = np.full(parts, num_rows // parts, dtype=np.int64)
+    sizes[:num_rows % parts] += 1
+    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+
+def check_bounds(bounds: npt.ArrayLike | torch.Tensor, num_rows: int | None = None) -> np.ndarray:
     """``bounds`` (``[0, end_0, end_1, ..., num_rows]``) as an int64 numpy array, or a one-line typed error.
 
     Examples
@@ -41,7 +75,7 @@ def check_bounds(bounds, num_rows=None):
     return b
 
 
-def owners(bounds, ids):
+def owners(bounds: np.ndarray, ids: npt.ArrayLike) -> np.ndarray:
     """The partition that owns each of ``ids`` (an int64 numpy array), for checked ``bounds``.
 
     Examples
@@ -49,10 +83,11 @@ def owners(bounds, ids):
     >>> owners(np.array([0, 3, 3, 10]), [0, 2, 3, 9]).tolist()
     [0, 0, 2, 2]
     """
-    return np.searchsorted(bounds, np.asarray(ids, dtype=np.int64), side="right") - 1
+    # (mypy: with numpy's stubs skipped (mypy.ini), the scalar overload of searchsorted matches an array too)
+    return np.searchsorted(bounds, np.asarray(ids, dtype=np.int64), side="right") - 1  # type: ignore[return-value]
 
 
-class PartitionedStore(FeatureStore):
+class PartitionedStore(WrapperStore):
     """Rows ``bounds[part]:bounds[part + 1]`` from ``local``, every other row from ``remote``.
 
     Parameters
@@ -83,12 +118,12 @@ class PartitionedStore(FeatureStore):
 
     tier = "partitioned"
 
-    def __init__(self, local, remote, bounds, *, part, own=False):
-        super().__init__()
-        for what, store in (("local", local), ("remote", remote)):
-            if not isinstance(store, FeatureStore):
-                raise TypeError(f"{what} must be a directload FeatureStore, not {type(store).__name__}")
-            store.check_open()
+    def __init__(self, local: FeatureStore, remote: FeatureStore, bounds: npt.ArrayLike | torch.Tensor, *, part: int,
+                 own: bool = False) -> None:
+        super().__init__(local, own=own, name="local")
+        if not isinstance(remote, FeatureStore):
+            raise TypeError(f"remote must be a directload FeatureStore, not {type(remote).__name__}")
+        remote.check_open()
         bounds = check_bounds(bounds, remote.num_rows)
         if isinstance(part, bool) or not isinstance(part, (int, np.integer)) or not 0 <= part < bounds.size - 1:
             raise ValueError(f"part must be a partition in [0, {bounds.size - 1}), got {part!r}")
@@ -100,37 +135,27 @@ class PartitionedStore(FeatureStore):
         if tuple(local.row_shape) != tuple(remote.row_shape) or local.dtype != remote.dtype:
             raise ValueError(f"the local store's rows ({local.dtype} {tuple(local.row_shape)}) differ from the "
                              f"remote ones ({remote.dtype} {tuple(remote.row_shape)})")
-        self.local, self.remote, self._own = local, remote, own
+        self.remote = remote
         self.bounds, self.part, self._start, self._end = bounds, part, start, end
         self._lock = threading.Lock()
         self._stats = {"rows": 0, "local_rows": 0, "remote_rows": 0, "remote_bytes": 0}
 
+    local = property(lambda self: self.inner, doc="This partition's rows, in id order from ``bounds[part]``.")
+
     @property
-    def num_rows(self):
+    def num_rows(self) -> int:
         return self.remote.num_rows
 
-    @property
-    def row_shape(self):
-        return self.remote.row_shape
+    def children(self) -> tuple[FeatureStore, ...]:
+        return (self.local, self.remote)
 
     @property
-    def dtype(self):
-        return self.remote.dtype
-
-    @property
-    def memory(self):
-        return self.local.memory
-
-    @property
-    def num_parts(self):
+    def num_parts(self) -> int:
         return int(self.bounds.size - 1)
 
-    def owners(self, ids):
+    def owners(self, ids: npt.ArrayLike | torch.Tensor) -> np.ndarray:
         """The partition that owns each id (an int64 numpy array)."""
         return owners(self.bounds, ids.cpu() if isinstance(ids, torch.Tensor) else ids)
-
-    def _own_memory(self):
-        return self.local.held_memory()
 
     def _split(self, index):
         ids = index.cpu().numpy().astype(np.int64, copy=False)
@@ -166,12 +191,18 @@ class PartitionedStore(FeatureStore):
 
         return ReadFuture(run=finish)
 
+    def _stage(self, rows, into, mapped):
+        return self._copy_stage(rows, into)  # ids are the whole table's, not the local store's
+
+    def hot_ids(self) -> None:
+        return None  # the local store's hot ids are in its own numbering
+
     def _prefetch(self, index):
         ids, local_at, _ = self._split(index)
         if local_at.size:
             self.local.prefetch(torch.from_numpy(ids[local_at] - self._start))
 
-    def stats(self):
+    def stats(self) -> TieredStats:
         """This store's record (``"partitioned"``: rows asked, ``local_rows``, ``remote_rows``, ``remote_bytes``)
         before the local store's tiers, then the remote's (those whose names the local tiers do not use already)."""
         with self._lock:
@@ -185,13 +216,7 @@ class PartitionedStore(FeatureStore):
         with self._lock:
             for key in self._stats:
                 self._stats[key] = 0
-        self.local.reset_stats()
-        self.remote.reset_stats()
-
-    def _close(self):
-        if self._own:
-            self.local.close()
-            self.remote.close()
+        super()._reset_counters()
 
     def __repr__(self):
         state = ", closed" if self._closed else ""

@@ -2,13 +2,17 @@
 
 :class:`Announced` remembers each announced batch's distinct rows in order and, for every row, the last
 announced batch that reads it, so a cache knows which staged rows an unread batch still needs (G10: plan
-from known future use).  :class:`Worker` is a background loop that takes a task under its owner's lock and
-runs it outside, so reads of other threads go on meanwhile (SSDTrain: overlap I/O with compute); whatever
+from known future use).  :class:`Worker` is a background loop that takes a task from its owner and runs it,
+so reads of other threads go on meanwhile (SSDTrain: overlap I/O with compute); whatever
 it raises reaches its owner, never disappears with the thread.
 """
 
+from __future__ import annotations
+
 import threading
 from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -33,24 +37,24 @@ class Announced:
     (1, [0], 2)
     """
 
-    def __init__(self, num_rows, limit=AHEAD_MAX):
+    def __init__(self, num_rows: int, limit: int = AHEAD_MAX) -> None:
         self.until = np.full(int(num_rows), -1, np.int64)  # row -> last announced batch that reads it
         self.limit = limit
-        self._ahead = deque()  # (batch number, distinct rows)
+        self._ahead: deque[tuple[int, np.ndarray]] = deque()  # (batch number, distinct rows)
         self._count = 0
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
         return iter(self._ahead)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._ahead)
 
     @property
-    def next_unread(self):
+    def next_unread(self) -> int:
         """The number of the oldest batch announced and not read (the next one's when none is left)."""
         return self._ahead[0][0] if self._ahead else self._count
 
-    def add(self, rows):
+    def add(self, rows: np.ndarray) -> tuple[int, list[tuple[int, np.ndarray]]]:
         """Announce a batch of distinct ``rows``: its number, and the entries dropped to stay within the
         limit (their rows no longer wait for them: :meth:`forget` them)."""
         j = self._count
@@ -62,7 +66,7 @@ class Announced:
             dropped.append(self._ahead.popleft())
         return j, dropped
 
-    def match(self, uniq):
+    def match(self, uniq: np.ndarray) -> tuple[tuple[int, np.ndarray] | None, list[tuple[int, np.ndarray]]]:
         """The announced batch a read of the distinct rows ``uniq`` is (most of its rows in common: a cache
         in front reads the rows it lacks, a subset give or take its evictions), taken off the queue with
         the batches skipped before it; ``(None, [])`` for a read no one announced."""
@@ -74,62 +78,56 @@ class Announced:
                 return self._ahead.popleft(), skipped
         return None, []
 
-    def forget(self, entry):
+    def forget(self, entry: tuple[int, np.ndarray]) -> np.ndarray:
         """An entry read, skipped or dropped: the rows whose last reader it was (they wait for none now)."""
         j, rows = entry
         mine = rows[self.until[rows] == j]
         self.until[mine] = -1
         return mine
 
-    def still_wanted(self, rows):
+    def still_wanted(self, rows: np.ndarray) -> np.ndarray:
         """Whether an unread announced batch reads each of ``rows``."""
         return self.until[rows] >= self.next_unread
 
-    def clear(self):
+    def clear(self) -> None:
         self._ahead.clear()
         self.until[:] = -1
 
 
 class Worker:
-    """A daemon thread: under ``lock`` (a Condition) it asks ``next_task()`` for work (None: nothing now;
-    it waits for a notify, or 50 ms), then runs ``run(task)`` without the lock, until ``stopped()``.  An
-    exception ends it and goes to ``on_error(exc)``, called under the lock.
+    """A daemon thread: it asks ``next_task()`` for work (None: nothing now; ``next_task`` waits a little
+    itself before it says so), runs ``run(task)``, and goes on until ``stopped()``.  An exception ends it
+    and goes to ``on_error(exc)``.
 
     Examples
     --------
-    >>> lock, done = threading.Condition(), []
+    >>> done = []
     >>> tasks = [1, 2, 3]
-    >>> w = Worker("demo", lock, lambda: tasks.pop() if tasks else None, done.append,
+    >>> w = Worker("demo", lambda: tasks.pop() if tasks else None, done.append,
     ...            stopped=lambda: not tasks and len(done) == 3, on_error=print)
     >>> w.join(5); sorted(done)
     [1, 2, 3]
     """
 
-    def __init__(self, name, lock, next_task, run, *, stopped, on_error):
-        self._lock, self._next_task, self._run = lock, next_task, run
+    def __init__(self, name: str, next_task: Callable[[], Any], run: Callable[[Any], object], *,
+                 stopped: Callable[[], bool], on_error: Callable[[BaseException], object]) -> None:
+        self._next_task, self._run = next_task, run
         self._stopped, self._on_error = stopped, on_error
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self.thread.start()
 
     def _loop(self):
         try:
-            while True:
-                with self._lock:
-                    task = None
-                    while task is None:
-                        if self._stopped():
-                            return
-                        task = self._next_task()
-                        if task is None:
-                            self._lock.wait(0.05)
-                self._run(task)
+            while not self._stopped():
+                task = self._next_task()
+                if task is not None:
+                    self._run(task)
         except BaseException as exc:  # the owner hears of it (its next read raises it)
-            with self._lock:
-                self._on_error(exc)
+            self._on_error(exc)
 
-    def alive(self):
+    def alive(self) -> bool:
         return self.thread.is_alive()
 
-    def join(self, timeout=None):
+    def join(self, timeout: float | None = None) -> None:
         if self.thread is not threading.current_thread():
             self.thread.join(timeout)

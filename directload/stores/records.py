@@ -1,7 +1,9 @@
 """The records of the tier contract: what :meth:`~directload.stores.FeatureStore.stage` gives a cache, and
 what :meth:`~directload.stores.FeatureStore.stats` reports."""
 
-from collections.abc import Mapping
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,7 +11,7 @@ import torch
 
 from directload.kernels.devices import MAPPED, memory_of
 
-__all__ = ["Staged", "Stats", "CacheStats", "TieredStats"]
+__all__ = ["Staged", "Stats", "CacheStats", "TieredStats", "Query"]
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,7 @@ class Staged:
     offsets: np.ndarray
 
     @property
-    def mapped(self):
+    def mapped(self) -> bool:
         """Whether a GPU reads ``flat`` zero-copy (pinned, GPU-mapped host memory)."""
         return memory_of(self.flat) == MAPPED
 
@@ -54,18 +56,18 @@ class Stats(Mapping):
     (3, 'disk', ['disk'], {'reads': 3, 'bytes_read': 12288})
     """
 
-    def __init__(self, tier, counters):
+    def __init__(self, tier: str, counters: Mapping[str, object]) -> None:
         self._tier = str(tier)
         self._counters = dict(counters)
 
     @property
-    def tier(self):
+    def tier(self) -> str:
         """The name of the tier that counted: ``"tensor"``, ``"disk"``, ``"host"``, ``"device"``, ``"tiered"``
         or a store's own."""
         return self._tier
 
     @property
-    def tiers(self):
+    def tiers(self) -> tuple[Stats, ...]:
         """This record's tiers, top first."""
         return (self,)
 
@@ -84,7 +86,17 @@ class Stats(Mapping):
 
 class CacheStats(Stats):
     """The counters of a cache tier (:class:`~directload.stores.HostCache`,
-    :class:`~directload.stores.DeviceCache`); :meth:`~directload.stores.Cache.stats` says what each means.
+    :class:`~directload.stores.DeviceCache`).
+
+    ``hit_rows`` were served from cached slots, ``staged_rows`` from rows read ahead, ``miss_rows`` from
+    the fallback on demand (``passthrough_rows`` of them not kept, as a cache smaller than a batch must);
+    ``hit_rate`` is hits over distinct rows read and ``slot_rate`` counts staged rows too.
+    ``prefetched_rows`` were read ahead, and ``ahead_s`` the read-ahead thread's seconds reading them, and
+    ``forwarded_rows`` served from a slot that an earlier batch staged or a cached row kept for an
+    announced batch, never read twice (``forwarded_bytes``).  ``batches_over_capacity`` counts reads of
+    more distinct rows than the cache holds: those pass through in part.  ``pcie_lines`` (a device cache)
+    are the 128-byte lines its fused gather reads zero-copy from host memory, as the transaction model
+    counts them (``pcie_bytes`` = lines x 128): on a CPU machine, what a GPU would move.
 
     Examples
     --------
@@ -104,11 +116,56 @@ class TieredStats(Stats):
     (['host', 'disk'], 5, ['host', 'disk'])
     """
 
-    def __init__(self, records):
+    def __init__(self, records: Iterable[Stats]) -> None:
         records = tuple(records)
         super().__init__("tiered", {r.tier: r for r in records})
         self._tiers = tuple(t for r in records for t in r.tiers)
 
     @property
-    def tiers(self):
+    def tiers(self) -> tuple[Stats, ...]:
         return self._tiers
+
+
+@dataclass(frozen=True)
+class Query:
+    """What a read of a cache found, as :meth:`~directload.stores.slotcache.SlotCache.query` left it (under
+    its lock, at one instant).
+
+    ``uniq`` are the distinct rows read and ``slots`` each one's slot then (negative: none);
+    ``cached``, ``staged`` and ``miss`` classify them; ``keep`` says which the policy holds after this
+    access and ``evicted`` which rows it let go.  ``batch`` is the announced batch the read was matched
+    to (None: not announced) and ``generation`` the cache's resizes by then.  ``forwarded`` rows came
+    from a slot staged for an earlier batch, ``waits`` counts waits for rows in flight; ``wait_s`` and
+    ``policy_s`` are the seconds those and the policy took.
+
+    Examples
+    --------
+    >>> from directload.stores.slotcache import SlotCache
+    >>> q = SlotCache(10, capacity=4, policy="lru").query(np.array([2, 7]))
+    >>> q.miss_rows.tolist(), q.held.tolist(), q.batch is None
+    ([2, 7], [], True)
+    """
+
+    uniq: np.ndarray
+    slots: np.ndarray
+    cached: np.ndarray
+    staged: np.ndarray
+    miss: np.ndarray
+    keep: np.ndarray
+    evicted: np.ndarray
+    batch: tuple | None
+    generation: int
+    forwarded: int = 0
+    waits: int = 0
+    wait_s: float = 0.0
+    policy_s: float = 0.0
+
+    @property
+    def miss_rows(self) -> np.ndarray:
+        """The rows no slot held: the store stages them from its fallback."""
+        return self.uniq[self.miss]
+
+    @property
+    def held(self) -> np.ndarray:
+        """The slots the read copies out of, pinned until the cache admits or abandons the read."""
+        return self.slots[self.slots >= 0]

@@ -13,6 +13,8 @@ call.  A slot is
 reads it twice).
 """
 
+from __future__ import annotations
+
 import numpy as np
 
 __all__ = ["SlotTable", "FREE", "CACHED", "STAGED", "INFLIGHT", "NONE", "READING", "KEPT"]
@@ -38,55 +40,55 @@ class SlotTable:
     3
     """
 
-    def __init__(self, num_rows, slots):
+    def __init__(self, num_rows: int, slots: int) -> None:
         self.size = int(slots)
         self.slot = np.full(int(num_rows), NONE, np.int32 if slots < 2 ** 31 else np.int64)  # row -> slot
         self.kind = np.zeros(self.size, np.int8)
         self.staged_for = np.full(self.size, -1, np.int64)  # slot -> batch it was read ahead for
         self.pinned = np.zeros(self.size, np.int32)  # readers copying out of each slot
-        self._deferred = []  # slots freed while pinned
+        self._deferred: list[int] = []  # slots freed while pinned
         self._free = list(range(self.size - 1, -1, -1))
         self.limit = self.size  # slots at or past it are parked when free: a resized cache does not use them
-        self._parked = []
-        self._newly_parked = []  # parked since take_newly_parked(): their memory may be given back
+        self._parked: list[int] = []
+        self._newly_parked: list[int] = []  # parked since take_newly_parked(): their memory may be given back
 
     # ------------------------------------------------------------- queries
     @property
-    def free_count(self):
+    def free_count(self) -> int:
         return len(self._free)
 
-    def count(self, kind):
+    def count(self, kind: int) -> int:
         """Slots of ``kind`` now (``STAGED`` counts staged and in-flight slots: both hold read-ahead room)."""
         return int(np.count_nonzero(self.kind >= STAGED if kind == STAGED else self.kind == kind))
 
-    def kind_of(self, s):
+    def kind_of(self, s: np.ndarray) -> np.ndarray:
         """The kind of each slot in ``s`` (a negative entry, no slot, reads as ``FREE``)."""
         out = np.zeros(s.shape[0], np.int8)
         has = s >= 0
         out[has] = self.kind[s[has]]
         return out
 
-    def slotted(self, rows):
+    def slotted(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The rows of ``rows`` that hold a slot, and their slots."""
         s = self.slot[rows]
         ok = s >= 0
         return rows[ok], s[ok]
 
     # ------------------------------------------------------------- changes
-    def claim(self, n):
+    def claim(self, n: int) -> np.ndarray:
         """Up to ``n`` free slots (int64), taken off the free list."""
         n = min(int(n), len(self._free))
         got = self._free[len(self._free) - n:] if n else []
         del self._free[len(self._free) - n:]
         return np.asarray(got[::-1], np.int64)
 
-    def place(self, rows, slots, kind, batch=-1):
+    def place(self, rows: np.ndarray, slots: np.ndarray, kind: int, batch: int = -1) -> None:
         """Map ``rows`` to their claimed ``slots``, of ``kind``."""
         self.slot[rows] = slots
         self.kind[slots] = kind
         self.staged_for[slots] = batch
 
-    def free_slots(self, rows, slots):
+    def free_slots(self, rows: np.ndarray, slots: np.ndarray) -> None:
         """Unmap ``rows`` and free their ``slots`` (those a reader copies out of once it is done)."""
         if not rows.size:
             return
@@ -108,7 +110,7 @@ class SlotTable:
                 self._parked.append(s)
                 self._newly_parked.append(s)
 
-    def set_limit(self, limit):
+    def set_limit(self, limit: int) -> np.ndarray:
         """Use slots ``[0, limit)`` only from now on: free slots past it are parked (slots past it in use
         are parked when freed), parked slots before it go back on the free list.  Returns the slots
         unparked (free, their memory to be touched again)."""
@@ -124,17 +126,17 @@ class SlotTable:
         self._newly_parked = [s for s in self._newly_parked if s >= limit]
         return back
 
-    def take_newly_parked(self):
+    def take_newly_parked(self) -> np.ndarray:
         """The slots parked since the last call (int64, sorted): free and past the limit, so their memory can
         be given back to the system."""
         got, self._newly_parked = np.unique(np.asarray(self._newly_parked, np.int64)), []
         return got
 
-    def pin(self, slots):
+    def pin(self, slots: np.ndarray) -> None:
         """A reader copies out of ``slots`` (distinct): none is reused until it :meth:`unpin` s them."""
         self.pinned[slots] += 1  # distinct slots: a plain increment (np.add.at is ten times slower)
 
-    def unpin(self, slots):
+    def unpin(self, slots: np.ndarray) -> None:
         self.pinned[slots] -= 1
         if self._deferred:
             done = [d for d in self._deferred if self.pinned[d] == 0]
@@ -142,7 +144,7 @@ class SlotTable:
                 self._deferred = [d for d in self._deferred if self.pinned[d] > 0]
                 self._give(done)
 
-    def problems(self):
+    def problems(self) -> list[str]:
         """What breaks the table's invariants, in words (empty when none): a slot free twice, free and in
         use, or held by two rows.  A check for tests and debugging; the owner's lock must be held.
 
@@ -172,7 +174,7 @@ class SlotTable:
             found.append(f"slots in use that no row holds: {np.setdiff1d(in_use, held)[:8].tolist()}")
         return found
 
-    def keep_cached_only(self):
+    def keep_cached_only(self) -> None:
         """Free every slot that is not ``CACHED`` and forget readers and demand reads (a forked child's
         table: the threads that filled or read them stayed in the parent)."""
         keep = self.kind == CACHED

@@ -1,5 +1,7 @@
 """``TensorStore``: a table already in memory (plain, pinned, unified or GPU), read through directload's gathers."""
 
+from __future__ import annotations
+
 import numpy as np
 import torch
 
@@ -7,7 +9,9 @@ from directload.kernels import gather_async
 from directload.kernels.devices import MAPPED, memory_of
 from directload.kernels.operands import can_gather, host_of
 
-from .base import FeatureStore, ReadFuture, deliver
+from .base import FeatureStore
+from .futures import ReadFuture
+from .reads import deliver
 from .records import Staged
 
 __all__ = ["TensorStore"]
@@ -37,7 +41,7 @@ class TensorStore(FeatureStore):
 
     tier = "tensor"
 
-    def __init__(self, table):
+    def __init__(self, table: torch.Tensor | np.ndarray) -> None:
         super().__init__()
         if isinstance(table, np.ndarray):
             table = torch.from_numpy(table)
@@ -48,19 +52,19 @@ class TensorStore(FeatureStore):
         self.table = table
 
     @property
-    def memory(self):
+    def memory(self) -> str | torch.device:
         return memory_of(self.table)
 
     @property
-    def num_rows(self):
+    def num_rows(self) -> int:
         return int(self.table.shape[0])
 
     @property
-    def row_shape(self):
+    def row_shape(self) -> tuple[int, ...]:
         return tuple(self.table.shape[1:])
 
     @property
-    def dtype(self):
+    def dtype(self) -> torch.dtype:
         return self.table.dtype
 
     def _read_async(self, index, out, run_device, out_device):
@@ -84,11 +88,8 @@ class TensorStore(FeatureStore):
         return ReadFuture(lambda: deliver(future.wait(), out, out_device), done=future.done)
 
 
-    def _check_bounds(self, index):
-        host = host_of(self.table, checked=True)
-        if index.is_cuda and can_gather(host):
-            return  # the GPU kernel checks them, with no host sync (kernels.bounds): wait() raises
-        super()._check_bounds(index)
+    def _bounds_on_device(self):
+        return can_gather(host_of(self.table, checked=True))  # the GPU kernel checks them (kernels.bounds)
 
     def _own_memory(self):
         return (host_of(self.table, checked=True),)

@@ -1,6 +1,9 @@
 """``TieredStore``: device cache -> host cache -> disk, built from one call with byte budgets."""
 
+from __future__ import annotations
+
 import os
+from typing import TYPE_CHECKING, Any
 
 from directload.units import check_bytes
 
@@ -8,11 +11,20 @@ from .base import FeatureStore
 from .cache import DeviceCache, HostCache
 from .disk import DiskStore
 from .records import TieredStats
+from .wrapper import WrapperStore
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from .futures import ReadFuture
+    from .policies import PolicySpec
+    from .reads import Ids
 
 __all__ = ["TieredStore"]
 
 
-class TieredStore(FeatureStore):
+class TieredStore(WrapperStore):
     """A GPU cache in front of a host cache in front of a store (a ``.npy`` file read by a
     :class:`~directload.stores.DiskStore`, or any FeatureStore), each tier present when its budget is.
 
@@ -56,9 +68,10 @@ class TieredStore(FeatureStore):
 
     tier = "tiered"
 
-    def __init__(self, source, *, gpu_bytes=0, host_bytes=0, staging_bytes=None, policy="lookahead", device=None,
-                 host_room_bytes=None, **disk_options):
-        super().__init__()
+    def __init__(self, source: os.PathLike[str] | str | FeatureStore, *, gpu_bytes: int | str = 0,
+                 host_bytes: int | str = 0, staging_bytes: int | str | None = None, policy: PolicySpec = "lookahead",
+                 device: torch.device | str | None = None, host_room_bytes: int | str | None = None,
+                 **disk_options: Any) -> None:
         # Every argument is checked before a disk store is opened: a refused store leaves nothing open.
         gpu_bytes, host_bytes = check_bytes("gpu_bytes", gpu_bytes), check_bytes("host_bytes", host_bytes)
         if staging_bytes is not None:
@@ -75,11 +88,11 @@ class TieredStore(FeatureStore):
         if staging_bytes is None:
             room = max(host_bytes, host_room_bytes or 0)  # a cache that may grow gets the slots of its room
             staging_bytes = max(room // 4, 64 << 20) if room else 0
-        self._owned = None
+        owned = None
         chain = []
         try:
             base = source if isinstance(source, FeatureStore) else DiskStore(source, **disk_options)
-            self._owned = None if base is source else base
+            owned = None if base is source else base
             chain.append(base)
             if host_bytes or staging_bytes or host_room_bytes:
                 chain.append(HostCache(base, host_bytes, policy, staging_bytes=staging_bytes,
@@ -89,46 +102,25 @@ class TieredStore(FeatureStore):
         except BaseException:
             for store in chain[1:][::-1]:
                 store.close()
-            if self._owned is not None:
-                self._owned.close()
+            if owned is not None:
+                owned.close()
             raise
-        self.tiers = chain[::-1]
-        self.top = chain[-1]
+        super().__init__(chain[-1])
+        self._owned = owned
+        self.tiers: list[FeatureStore] = chain[::-1]  # the caches (CachedStore), top first, then the source
 
-    @property
-    def num_rows(self):
-        return self.top.num_rows
+    top = property(lambda self: self.inner, doc="The top tier: every read goes through it.")
 
-    @property
-    def row_shape(self):
-        return self.top.row_shape
-
-    @property
-    def dtype(self):
-        return self.top.dtype
-
-    @property
-    def memory(self):
-        return self.top.memory
-
-    def _own_memory(self):
-        return self.top.held_memory()
-
-    def read_async(self, ids, *, out=None, device=None):
+    def read_async(self, ids: Ids, *, out: torch.Tensor | None = None,
+                   device: torch.device | str | None = None) -> ReadFuture:
         """Read through the top tier (its own checks, the same as every store's)."""
         self.check_open()
         return self.top.read_async(ids, out=out, device=device)
 
-    def _stage(self, rows, into, mapped):
-        return self.top.stage(rows, into, mapped=mapped)
-
-    def _prefetch(self, index):
-        self.top.prefetch(index)
-
-    def hot_ids(self):
+    def hot_ids(self) -> np.ndarray | torch.Tensor | None:
         return self.tiers[-1].hot_ids()
 
-    def warm(self, ids=None, *, background=False, progress=False):
+    def warm(self, ids: Ids | None = None, *, background: bool = False, progress: bool = False) -> dict[str, int]:
         """Fill each cache tier's free room with ``ids`` (most wanted first; ``None``: the store's own order
         of hotness, :meth:`hot_ids`), host tier first, so the GPU tier's rows come from host memory
         (with ``background``, the GPU tier's thread starts once the host tier's is done).
@@ -136,12 +128,12 @@ class TieredStore(FeatureStore):
         self.check_open()
         ids = self._warm_ids(ids)
         out, below = {}, None
-        for cache in self.tiers[-2::-1]:
-            out[cache.tier] = cache.warm(ids, background=background, progress=progress, after=below)
-            below = cache.warming
+        for cache in self.tiers[-2::-1]:  # (the caches: CachedStore, which mypy cannot tell from tiers' type)
+            out[cache.tier] = cache.warm(ids, background=background, progress=progress, after=below)  # type: ignore[attr-defined]
+            below = cache.warming  # type: ignore[attr-defined]
         return out
 
-    def resize(self, *, host_bytes=None, gpu_bytes=None):
+    def resize(self, *, host_bytes: int | str | None = None, gpu_bytes: int | str | None = None) -> dict[str, int]:
         """Resize the host and/or GPU cache while reads go on (see :meth:`~directload.stores.Cache.resize`);
         a tier the store was made without cannot be added.  Returns ``{tier name: capacity in rows}``.
 
@@ -162,10 +154,10 @@ class TieredStore(FeatureStore):
             cache = next((c for c in self.tiers[:-1] if c.tier == tier), None)
             if cache is None:
                 raise ValueError(f"this TieredStore has no {tier} cache to resize")
-            out[tier] = cache.resize(nbytes)
+            out[tier] = cache.resize(nbytes)  # type: ignore[attr-defined]  # (a CachedStore)
         return out
 
-    def stats(self):
+    def stats(self) -> TieredStats:
         """A :class:`~directload.stores.records.TieredStats`: ``{tier name: that tier's record}``, top first
         (a disk's under ``"disk"``)."""
         return TieredStats(store.stats() for store in self.tiers)

@@ -11,7 +11,10 @@ through directload's kernels.  Everything else (edge fields, data attached with
 caches) is fetched by DGL's own storages, so any sampler gives DGL's batches.
 """
 
-from collections.abc import Mapping
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
 from dgl import EID, NID, DGLError
@@ -26,10 +29,16 @@ from directload.stores import FeatureStore, TensorStore, check_table
 
 from ..pipeline import BatchAdapter
 
+if TYPE_CHECKING:
+    import dgl
+    from dgl.storages import FeatureStorage
+
+    _Table: TypeAlias = torch.Tensor | FeatureStore  # a node field's table: a tensor or a directload store
+
 __all__ = ["FeatureSource", "DGLBatches", "start_batch", "finish_batch", "input_ids", "announce", "can_gather"]
 
 
-def can_gather(table, ids, device):
+def can_gather(table: object, ids: torch.Tensor, device: torch.device) -> bool:
     """Whether directload's kernels serve ``table[ids]`` onto ``device`` exactly as DGL would.  Pure.
 
     Yes for a contiguous tensor of 1/2/4/8-byte elements that needs no
@@ -91,7 +100,8 @@ class FeatureSource:
     True
     """
 
-    def __init__(self, loader, features=None):
+    def __init__(self, loader: dgl.dataloading.DataLoader,
+                 features: Mapping[str, _Table | Mapping[str, _Table]] | None = None) -> None:
         if features is not None and not isinstance(features, Mapping):
             raise TypeError(f"features must be a dict of name -> table, got {type(features).__name__}")
         self.loader = loader
@@ -100,13 +110,13 @@ class FeatureSource:
         for name, table in self.given_tables():
             check_table(f"features[{name!r}]", table)
 
-    def given_tables(self):
+    def given_tables(self) -> Iterator[tuple[str, _Table]]:
         """``(name, table)`` of every table given in ``features=`` (each node type's, on a heterogeneous graph)."""
         for name, given in self.features.items():
             for table in (given.values() if isinstance(given, Mapping) else [given]):
                 yield name, table
 
-    def table(self, key, ntype):
+    def table(self, key: str, ntype: str) -> _Table:
         """The table behind node field ``key`` of ``ntype`` now: ``features=``, else the graph's."""
         given = self.features.get(key)
         if isinstance(given, Mapping):
@@ -119,7 +129,7 @@ class FeatureSource:
             raise KeyError(f"node field {key!r} of type {ntype!r} is neither in features= nor in the graph's "
                            "node data") from None
 
-    def node_storage(self, key, ntype, ids):
+    def node_storage(self, key: str, ntype: str, ids: torch.Tensor) -> _StoreStorage | FeatureStorage:
         table = self.table(key, ntype)
         if isinstance(table, FeatureStore):
             return _StoreStorage(table)
@@ -129,10 +139,10 @@ class FeatureSource:
             return wrap_storage(table)
         return self.graph.get_node_storage(key, ntype)  # DGL's own fetch
 
-    def edge_storage(self, key, etype, ids):
+    def edge_storage(self, key: str, etype: tuple[str, str, str], ids: torch.Tensor) -> FeatureStorage:
         return self.graph.get_edge_storage(key, etype)
 
-    def prefetchers(self, key, ntype):
+    def prefetchers(self, key: str, ntype: str) -> FeatureStore | None:
         """The FeatureStore behind a node field (it takes ``prefetch(ids)`` hints), else None."""
         try:
             table = self.table(key, ntype)
@@ -184,7 +194,7 @@ def _has_gpu_caches(graph):
     return any(caches.get(kind) for kind in ("node", "edge"))
 
 
-def start_batch(batch, source):
+def start_batch(batch: Any, source: FeatureSource) -> tuple[Any, Any]:
     """Start fetching every lazy feature of a sampled batch; returns what :func:`finish_batch` needs."""
     batch = recursive_apply(batch, restore_parent_storage_columns, source.graph)  # batches from workers
     loader = source.loader
@@ -211,7 +221,7 @@ def _assign(item, feats):
     return item
 
 
-def finish_batch(started, source):
+def finish_batch(started: tuple[Any, Any], source: FeatureSource) -> Any:
     """Wait for the fetches, move the batch to the loader's device as DGL does, and put the features in place."""
     batch, pending = started
     device = source.loader.device
@@ -225,7 +235,7 @@ def finish_batch(started, source):
     return recursive_apply_pair(batch, feats, _assign)
 
 
-def input_ids(batch):
+def input_ids(batch: Any) -> torch.Tensor | Mapping[str, torch.Tensor] | None:
     """The ids a batch reads features for, as ``upcoming()`` lists them: a node- or edge-wise
     batch's ``input_nodes`` (its first item), or a subgraph's ``dgl.NID``."""
     first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
@@ -236,7 +246,7 @@ def input_ids(batch):
     return None
 
 
-def announce(batch, source):
+def announce(batch: Any, source: FeatureSource) -> None:
     """Tell every store behind a lazy node field which ids this batch will read from it."""
     def visit(item):
         if isinstance(item, DGLGraph):
@@ -267,20 +277,20 @@ class DGLBatches(BatchAdapter):
     True
     """
 
-    def __init__(self, source):
+    def __init__(self, source: FeatureSource) -> None:
         self.source = source
 
-    def ids(self, batch):
+    def ids(self, batch: Any) -> torch.Tensor | Mapping[str, torch.Tensor] | None:
         return input_ids(batch)
 
-    def announce(self, batch):
+    def announce(self, batch: Any) -> None:
         announce(batch, self.source)
 
-    def start(self, batch):
+    def start(self, batch: Any) -> tuple[Any, Any]:
         return start_batch(batch, self.source)
 
-    def finish(self, started):
+    def finish(self, started: tuple[Any, Any]) -> Any:
         return finish_batch(started, self.source)
 
-    def stores(self):
+    def stores(self) -> list[FeatureStore]:
         return [t for _, t in self.source.given_tables() if isinstance(t, FeatureStore)]

@@ -1,8 +1,11 @@
 """``directload.loaders.DataLoader``: DGL's DataLoader, with node features gathered by directload."""
 
+from __future__ import annotations
+
 import os
 import warnings
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import dgl
 import torch
@@ -22,6 +25,9 @@ from ..pipeline import (
 )
 from .batches import DGLBatches, FeatureSource
 from .sampler import NeighborSampler
+
+if TYPE_CHECKING:
+    from directload.stores import FeatureStore
 
 __all__ = ["DataLoader", "check_indices", "resolve_sampler", "SAMPLERS", "UVAUnavailableError", "SeedTypeError"]
 
@@ -63,7 +69,7 @@ def _seed_kind(sampler):
     return None
 
 
-def check_indices(graph, indices, sampler):
+def check_indices(graph: object, indices: object, sampler: object) -> None:
     """Raise ``IndexError`` for seed ids outside the graph, or :class:`SeedTypeError` for ids that are not
     integers (or not a dict on a graph with several types), before DGL samples.
 
@@ -104,7 +110,8 @@ def check_indices(graph, indices, sampler):
                                  f"(valid 0..{n - 1})")
 
 
-def resolve_sampler(sampler, graph_sampler, use_uva=False):
+def resolve_sampler(sampler: str | None, graph_sampler: dgl.dataloading.Sampler,
+                    use_uva: bool = False) -> dgl.dataloading.Sampler:
     """The graph sampler a :class:`DataLoader` runs, from its ``sampler=`` and ``graph_sampler``.
 
     ``"framework"``, ``"dgl"`` or None (what Lightning passes when it rebuilds
@@ -216,10 +223,14 @@ use_prefetch_thread, use_alternate_streams, pin_prefetcher, use_uva, **kwargs
     True
     """
 
-    def __init__(self, graph, indices, graph_sampler, device=None, use_ddp=False, ddp_seed=0, batch_size=1,
-                 drop_last=False, shuffle=False, use_prefetch_thread=None, use_alternate_streams=None,
-                 pin_prefetcher=None, use_uva=False, *, sampler="framework", features=None, lookahead=4,
-                 sample_in_thread=None, overlap=None, **kwargs):
+    def __init__(self, graph: dgl.DGLGraph, indices: object, graph_sampler: dgl.dataloading.Sampler,
+                 device: torch.device | str | None = None, use_ddp: bool = False, ddp_seed: int = 0,
+                 batch_size: int = 1, drop_last: bool = False, shuffle: bool = False,
+                 use_prefetch_thread: bool | None = None, use_alternate_streams: bool | None = None,
+                 pin_prefetcher: bool | None = None, use_uva: bool = False, *, sampler: str | None = "framework",
+                 features: Mapping[str, torch.Tensor | FeatureStore | Mapping[str, torch.Tensor | FeatureStore]]
+                 | None = None, lookahead: int | str = 4, sample_in_thread: bool | None = None,
+                 overlap: bool | None = None, **kwargs: Any) -> None:
         dgl_args = dict(device=device, use_ddp=use_ddp, ddp_seed=ddp_seed, batch_size=batch_size,
                         drop_last=drop_last, shuffle=shuffle, use_prefetch_thread=use_prefetch_thread,
                         use_alternate_streams=use_alternate_streams, pin_prefetcher=pin_prefetcher, use_uva=use_uva)
@@ -241,13 +252,14 @@ use_prefetch_thread, use_alternate_streams, pin_prefetcher, use_uva, **kwargs
         self.overlap = resolve_overlap(overlap, self.device, os.cpu_count() or 1, torch.get_num_threads())
         self._source = FeatureSource(self, features)
 
-    def __iter__(self):
+    def __iter__(self) -> Epoch:
         """A new epoch: an :class:`~directload.loaders.pipeline.Epoch` iterator, its look-ahead already sampled."""
         if self.shuffle:
             self.dataset.shuffle()  # what DGL's own __iter__ does first
+        # lookahead="auto" always comes with auto_lookahead: an int or an AutoLookahead reaches the pipeline
         pipeline = Pipeline(torch.utils.data.DataLoader.__iter__(self), DGLBatches(self._source), device=self.device,
-                            lookahead=self.auto_lookahead or self.lookahead, sample_in_thread=self.sample_in_thread,
-                            overlap=self.overlap)
+                            lookahead=self.auto_lookahead or self.lookahead,  # type: ignore[arg-type]
+                            sample_in_thread=self.sample_in_thread, overlap=self.overlap)
         epoch = Epoch(pipeline)
         pipeline.prime()
         return epoch

@@ -3,26 +3,30 @@
 DistDGL's ``DistNodeDataLoader`` only samples: the training loop fetches the features of each batch's input
 nodes (``g.ndata["feat"][input_nodes]``).  :func:`dist_features` is that fetch through directload: the rows
 of this machine's partition from a directload store (the server's shared memory, or a disk store or tiers
-when the partition does not fit in memory), every other row through DGL, by its KVStore (:class:`KVStoreRows`,
-DGL's C++ fast path) or, when the partitions' features live on disk, by one DGL RPC service that reads the
-owner's store (:class:`ServedRows`).  Partitions come from :func:`partition` (:mod:`.partitions`: DGL's own
-plus, for out-of-core features, a directload disk store per partition, published as one set), or from
-``dgl.distributed.partition_graph`` alone (features in memory).
+when the partition does not fit in memory), every other row through DGL: by its KVStore
+(:class:`~directload.stores.remote.KVStoreRows`, DGL's C++ fast path) or, when the partitions' features live
+on disk, by one DGL RPC service that reads the owner's store (:class:`ServedRows`).  Both are remote tiers
+(:class:`~directload.stores.remote.RemoteStore`, the plug-in point for any other).  Partitions come from
+:func:`partition` (:mod:`.partitions`: DGL's own plus, for out-of-core features, a directload disk store per
+partition, published as one set), or from ``dgl.distributed.partition_graph`` alone (features in memory).
 """
 
-import threading
+from __future__ import annotations
+
+import os
 import time
 from collections import deque
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 
 from directload.capabilities import require
 from directload.errors import DirectloadError
-from directload.kernels.devices import HOST
-from directload.stores import DiskStore, FeatureStore, PartitionedStore, ReadFuture, TensorStore
+from directload.stores import DiskStore, FeatureStore, PartitionedStore, TensorStore
 from directload.stores.partitioned import owners
-from directload.stores.records import Stats
+from directload.stores.remote import KVStoreRows, RemoteReadError, RemoteStore
 
 dgl = require("dgl")
 
@@ -30,6 +34,16 @@ from dgl.distributed import rpc  # noqa: E402
 
 from ..pipeline import BatchAdapter, Epoch, Pipeline  # noqa: E402
 from .partitions import META, PartitionMismatchError, node_bounds, partition, read_partitions, store_path  # noqa: E402
+
+if TYPE_CHECKING:
+    from dgl.distributed import DistGraph
+
+    from directload.stores import ReadFuture
+
+    class _ReadsRows(Protocol):
+        """What :class:`DistBatches` reads with: a FeatureStore, or any object whose ``read_async`` gives a future."""
+
+        def read_async(self, ids: torch.Tensor) -> ReadFuture: ...
 
 __all__ = ["partition", "read_partitions", "store_path", "node_bounds", "dist_features", "DistFeatures", "dist_ids",
            "dist_epoch", "DistBatches", "KVStoreRows", "ServedRows", "serve_features", "register_service",
@@ -51,100 +65,9 @@ class ServiceIdError(DirectloadError, RuntimeError):
     """
 
 
-class RemoteReadError(DirectloadError, RuntimeError):
-    """A remote machine did not answer a read of its rows (dead, or past the timeout).
-
-    Examples
-    --------
-    >>> issubclass(RemoteReadError, RuntimeError)
-    True
-    """
-
-
-# --------------------------------------------------------------------------- remote rows
-class _RemoteRows(FeatureStore):
-    """The whole table as a trainer sees it, read only for other machines' rows, on the caller's thread at
-    ``wait()`` (DGL's RPC client is not thread-safe, and the sampler uses it on the training thread)."""
-
-    def __init__(self, num_rows, row_shape, dtype):
-        super().__init__()
-        self._num_rows, self._row_shape, self._dtype = int(num_rows), tuple(row_shape), dtype
-        self._lock = threading.Lock()
-        self._stats = {"reads": 0, "rows": 0, "bytes": 0, "seconds": 0.0}
-
-    @property
-    def num_rows(self):
-        return self._num_rows
-
-    @property
-    def row_shape(self):
-        return self._row_shape
-
-    @property
-    def dtype(self):
-        return self._dtype
-
-    @property
-    def memory(self):
-        return HOST
-
-    def _own_memory(self):
-        return ()
-
-    def _fetch(self, ids):
-        raise NotImplementedError
-
-    def _read_async(self, index, out, run_device, out_device):
-        ids = index.cpu().to(torch.int64)
-
-        def run():
-            t0 = time.perf_counter()
-            rows = self._fetch(ids) if len(ids) else torch.empty((0, *self._row_shape), dtype=self._dtype)
-            with self._lock:
-                self._stats["reads"] += 1
-                self._stats["rows"] += len(ids)
-                self._stats["bytes"] += len(ids) * self.row_nbytes
-                self._stats["seconds"] += time.perf_counter() - t0
-            if out is not None:
-                out.copy_(rows)
-                return out
-            return rows.to(out_device)
-
-        return ReadFuture(run=run)
-
-    def stats(self):
-        with self._lock:
-            return Stats(self.tier, dict(self._stats))
-
-    def _reset_counters(self):
-        with self._lock:
-            self._stats = {key: 0 if key != "seconds" else 0.0 for key in self._stats}
-
-
-class KVStoreRows(_RemoteRows):
-    """Rows of a ``DistTensor`` (``g.ndata[name]``) through DGL's KVStore: the C++ ``fast_pull``, which asks
-    each owning machine's server for its rows.  Anything indexed as a ``DistTensor`` is (``t[ids]``, ``shape``,
-    ``dtype``) will do.
-
-    Examples
-    --------
-    >>> KVStoreRows(torch.arange(6.0).view(3, 2)).read([2, 0]).tolist()
-    [[4.0, 5.0], [0.0, 1.0]]
-    """
-
-    tier = "kvstore"
-
-    def __init__(self, dist_tensor):
-        super().__init__(dist_tensor.shape[0], dist_tensor.shape[1:], dist_tensor.dtype)
-        self._tensor = dist_tensor
-
-    def _fetch(self, ids):
-        return self._tensor[ids]
-
-
 # The RPC service.  A server process calls serve_features(path) before dgl.distributed.initialize; the
 # request then runs in that server and reads its machine's store.
-_served = {}
+_served: dict[int, DiskStore] = {}
 
 
 class _RowsRequest(rpc.Request):
@@ -178,7 +101,7 @@ class _RowsResponse(rpc.Response):
         self.rows, self.error = state
 
 
-def register_service():
+def register_service() -> None:
     """Register directload's RPC service with DGL, in servers and trainers alike, before
     ``dgl.distributed.initialize``.  ``ServiceIdError`` when :data:`SERVICE_ID` is another service's."""
     taken = rpc.SERVICE_ID_TO_PROPERTY.get(SERVICE_ID)
@@ -188,7 +111,7 @@ def register_service():
     rpc.register_service(SERVICE_ID, _RowsRequest, _RowsResponse)
 
 
-def check_service():
+def check_service() -> None:
     """After ``dgl.distributed.initialize``: ``ServiceIdError`` if DGL registered one of its own services over
     directload's id meanwhile (its KVStore registers some only then)."""
     if rpc.SERVICE_ID_TO_PROPERTY.get(SERVICE_ID) != (_RowsRequest, _RowsResponse):
@@ -196,14 +119,14 @@ def check_service():
                              f"{rpc.SERVICE_ID_TO_PROPERTY.get(SERVICE_ID, (None,))[0]!r} during initialize")
 
 
-def serve_features(config, part, **store_kw):
+def serve_features(config: os.PathLike[str] | str, part: int, **store_kw: Any) -> DiskStore:
     """In a server process: register the service and open partition ``part``'s disk store for it."""
     register_service()
     _served[int(part)] = DiskStore(store_path(config, part), **store_kw)
     return _served[int(part)]
 
 
-class ServedRows(_RemoteRows):
+class ServedRows(RemoteStore):
     """Rows of other machines' disk stores, each read by its owner's server through directload's RPC service,
     one request per owning machine, sent together.  ``timeout`` (seconds) bounds the wait:
     :class:`RemoteReadError` names the machine that did not answer.
@@ -217,7 +140,8 @@ class ServedRows(_RemoteRows):
 
     tier = "rpc"
 
-    def __init__(self, bounds, row_shape, dtype, *, timeout=120.0):
+    def __init__(self, bounds: Sequence[int], row_shape: tuple[int, ...], dtype: torch.dtype, *,
+                 timeout: float = 120.0) -> None:
         super().__init__(bounds[-1], row_shape, dtype)
         self._bounds = np.asarray(bounds, dtype=np.int64)
         self._timeout_ms = int(timeout * 1000)
@@ -245,7 +169,8 @@ class ServedRows(_RemoteRows):
 
 
 # --------------------------------------------------------------------------- the trainer's feature source
-def dist_ids(ids, num_rows):
+def dist_ids(ids: torch.Tensor | np.ndarray | Sequence[int] | slice | int,
+             num_rows: int) -> torch.Tensor | np.ndarray | Sequence[int]:
     """The ids ``DistTensor.__getitem__`` takes (DGL 2.1: a tensor, a list, tuple or range, a numpy array, a
     slice, or one integer, which gives a batch of one row) as what :meth:`FeatureStore.read` takes; a
     one-line ``TypeError`` for anything else (booleans and floats included, which DGL would read as ids 0/1
@@ -294,7 +219,8 @@ class DistFeatures(PartitionedStore):
         return self.read(dist_ids(ids, self.num_rows))
 
 
-def dist_features(g, config, *, name="feat", ntype=None, local=None, timeout=120.0):
+def dist_features(g: DistGraph, config: os.PathLike[str] | str, *, name: str = "feat",
+                  ntype: str | None = None, local: FeatureStore | None = None, timeout: float = 120.0) -> DistFeatures:
     """The features of the ``DistGraph`` ``g`` as one directload store: this machine's rows from ``local``,
     the others through DGL.
 
@@ -353,7 +279,7 @@ def dist_features(g, config, *, name="feat", ntype=None, local=None, timeout=120
     if meta["features"] == "memory":
         tensor = g.ndata[name] if ntype is None else g.nodes[ntype].data[name]
         local = local if local is not None else TensorStore(tensor.local_partition[:bounds[part + 1] - bounds[part]])
-        remote = KVStoreRows(tensor)
+        remote: RemoteStore = KVStoreRows(tensor)
     else:
         check_service()
         local = local if local is not None else DiskStore(store_path(meta["config"], part))
@@ -377,33 +303,34 @@ class DistBatches(BatchAdapter):
     ([('seeds', [[6.0, 7.0], [0.0, 1.0]])], 1)
     """
 
-    def __init__(self, store):
+    def __init__(self, store: FeatureStore | _ReadsRows) -> None:
         self._store = store
-        self._reads = deque()
-        self.fetch_ms = []
+        self._reads: deque[tuple[ReadFuture, float]] = deque()
+        self.fetch_ms: list[float] = []
 
-    def ids(self, batch):
+    def ids(self, batch: Any) -> torch.Tensor:
         return batch[0]
 
-    def announce(self, batch):
+    def announce(self, batch: Any) -> None:
         t0 = time.perf_counter()
         self._reads.append((self._store.read_async(batch[0]), time.perf_counter() - t0))
 
-    def start(self, batch):
+    def start(self, batch: Any) -> tuple[Any, ReadFuture, float]:
         return batch, *self._reads.popleft()
 
-    def finish(self, started):
+    def finish(self, started: tuple[Any, ReadFuture, float]) -> tuple[torch.Tensor, Any, Any, torch.Tensor]:
         (input_nodes, seeds, blocks), future, spent = started
         t0 = time.perf_counter()
         x = future.wait()
         self.fetch_ms.append((spent + time.perf_counter() - t0) * 1e3)
         return input_nodes, seeds, blocks, x
 
-    def stores(self):
+    def stores(self) -> tuple[FeatureStore, ...]:
         return (self._store,) if isinstance(self._store, FeatureStore) else ()
 
 
-def dist_epoch(loader, store, *, lookahead=4):
+def dist_epoch(loader: Iterable[Any], store: FeatureStore | _ReadsRows, *,
+               lookahead: int = 4) -> tuple[Epoch, DistBatches]:
     """One epoch of a ``DistNodeDataLoader`` through directload's pipeline: ``(epoch, adapter)``, where
     iterating ``epoch`` gives ``(input_nodes, seeds, blocks, x)`` with ``x`` read by ``store`` (see
     :class:`DistBatches`), sampled ``lookahead`` batches ahead on the caller's thread.

@@ -27,6 +27,8 @@ directload's build marker, its record or its old layout.  Anything else at ``out
 DGL wrote it (``dgl.distributed.partition_graph``), the bounds from its config's ``node_map``.
 """
 
+from __future__ import annotations
+
 import contextlib
 import ctypes
 import errno
@@ -41,6 +43,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -53,6 +56,9 @@ from directload.stores.partitioned import check_bounds
 from directload.unified import host_of
 
 dgl = require("dgl")
+
+if TYPE_CHECKING:
+    from directload.datasets import Dataset
 
 __all__ = ["partition", "read_partitions", "store_path", "node_bounds", "PartitionMismatchError", "META", "FORMAT"]
 
@@ -78,7 +84,8 @@ class PartitionMismatchError(DirectloadError, ValueError):
 
 
 # --------------------------------------------------------------------------- writing
-def partition(dataset, parts, out, *, features="memory", method="metis", progress=True):
+def partition(dataset: Dataset, parts: int, out: os.PathLike[str] | str, *, features: str = "memory",
+              method: str = "metis", progress: bool = True) -> Path:
     """Write ``dataset`` as ``parts`` DistDGL partitions, published at ``out`` as one set; returns the path of
     DGL's partition config (``out/<name>.json``).
 
@@ -377,7 +384,7 @@ def _exchange(a, b):
 
 
 # --------------------------------------------------------------------------- reading
-def node_bounds(config, ntype=None):
+def node_bounds(config: dict[str, Any], ntype: str | None = None) -> list[int]:
     """The partition bounds of node type ``ntype`` in a DGL partition config (a dict): ``[0, end_0, ...,
     num_nodes]``, where partition ``p`` owns that type's ids ``bounds[p]:bounds[p + 1]``, as DGL's
     ``RangePartitionBook`` numbers them.  ``ntype`` may be left out when the graph has one node type.
@@ -431,7 +438,7 @@ def _dgl_config(config):
     return cfg, hashlib.sha256(raw).hexdigest()
 
 
-def read_partitions(config):
+def read_partitions(config: os.PathLike[str] | str) -> dict[str, Any]:
     """What the partitions at ``config`` (DGL's partition config) hold, checked: a dict with ``parts``,
     ``features`` (``"memory"`` or ``"disk"``), ``bounds`` (partition ``p`` owns reshuffled ids
     ``bounds[p]:bounds[p + 1]``; None with several node types), ``node_bounds`` (the same per node type),
@@ -482,7 +489,7 @@ def read_partitions(config):
     return {**meta, "node_bounds": bounds, "recorded": True, "config": config}
 
 
-def store_path(config, part):
+def store_path(config: os.PathLike[str] | str, part: int) -> Path:
     """The disk store of partition ``part`` of the partitions at ``config``, checked against the record:
     :class:`PartitionMismatchError` when the store there is not the one the record names.
 

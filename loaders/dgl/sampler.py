@@ -1,10 +1,13 @@
 """``NeighborSampler``: directload's neighbour sampler as a DGL ``BlockSampler``, for DGL's DataLoader and ours."""
 
+from __future__ import annotations
+
 import os
 import threading
 import warnings
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any, Self
 
 import dgl
 import torch
@@ -19,7 +22,7 @@ __all__ = ["NeighborSampler"]
 _EDGE_DIRS = ("in", "out")
 #: Every sampler of this process: a child forked while one built a plan (its lock held by a thread the child
 #: does not have) gets fresh locks.
-_LIVE = weakref.WeakSet()
+_LIVE: weakref.WeakSet[NeighborSampler] = weakref.WeakSet()
 
 
 def _fresh_locks():
@@ -231,8 +234,13 @@ output_device, fused
     True
     """
 
-    def __init__(self, fanouts, edge_dir="in", prob=None, mask=None, replace=False, prefetch_node_feats=None,
-                 prefetch_labels=None, prefetch_edge_feats=None, output_device=None, fused=True, *, generator=None):
+    def __init__(self, fanouts: Sequence[int | Mapping[str | tuple[str, str, str], int]], edge_dir: str = "in",
+                 prob: str | None = None, mask: str | None = None, replace: bool = False,
+                 prefetch_node_feats: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
+                 prefetch_labels: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
+                 prefetch_edge_feats: Sequence[str] | Mapping[Any, Sequence[str]] | None = None,
+                 output_device: torch.device | str | None = None, fused: bool = True, *,
+                 generator: torch.Generator | None = None) -> None:
         layers = _check_layers(fanouts)
         if edge_dir not in _EDGE_DIRS:
             raise ValueError(f"edge_dir must be 'in' or 'out', got {edge_dir!r}")
@@ -247,13 +255,13 @@ output_device, fused
         self.prob = prob or mask  # DGL's attribute: a mask is a 0/1 weight
         self.generator = generator
         self._layers = layers
-        self._plans = weakref.WeakKeyDictionary()
+        self._plans: weakref.WeakKeyDictionary[Any, _Plan] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
-        self._warned = set()
+        self._warned: set[str] = set()
         _LIVE.add(self)
 
     @classmethod
-    def from_dgl(cls, sampler, *, generator=None):
+    def from_dgl(cls, sampler: dgl.dataloading.NeighborSampler, *, generator: torch.Generator | None = None) -> Self:
         """This sampler with the settings of DGL's ``NeighborSampler`` ``sampler`` (fanouts, edge direction,
         prob or mask, replacement, prefetched fields, output device).
 
@@ -290,7 +298,8 @@ output_device, fused
         self._lock = threading.Lock()
         _LIVE.add(self)
 
-    def unsupported(self, g, exclude_eids=None):
+    def unsupported(self, g: object,
+                    exclude_eids: torch.Tensor | Mapping[Any, torch.Tensor] | None = None) -> str | None:
         """Why DGL's own sampler runs for this graph and batch (None: directload's runs).
 
         Examples
@@ -311,7 +320,10 @@ output_device, fused
             return "graphs in GPU memory"
         return None
 
-    def sample_blocks(self, g, seed_nodes, exclude_eids=None):
+    def sample_blocks(self, g: dgl.DGLGraph, seed_nodes: torch.Tensor | Mapping[str, torch.Tensor],
+                      exclude_eids: torch.Tensor | Mapping[Any, torch.Tensor] | None = None
+                      ) -> tuple[torch.Tensor | Mapping[str, torch.Tensor], torch.Tensor | Mapping[str, torch.Tensor],
+                                 list[dgl.DGLGraph]]:
         """``(input_nodes, output_nodes, blocks)`` around ``seed_nodes`` (distinct ids; ``{ntype: ids}`` on a
         graph of several node types), as DGL's ``NeighborSampler.sample_blocks``.
 

@@ -1,5 +1,7 @@
 """``FeatureStore``: PyG's feature-store interface over directload tables, with one batched gather per batch."""
 
+from __future__ import annotations
+
 import torch
 from torch_geometric.data import FeatureStore as _PygFeatureStore
 from torch_geometric.data import TensorAttr
@@ -70,7 +72,7 @@ class FeatureStore(_PygFeatureStore):
             [ 0.,  1.,  2.]])
     """
 
-    def __init__(self, *, device=None):
+    def __init__(self, *, device: torch.device | str | None = None) -> None:
         super().__init__()
         self.__dict__["_tables"] = {}
         self.__dict__["device"] = torch.device(device) if device is not None else None
@@ -107,11 +109,11 @@ class FeatureStore(_PygFeatureStore):
             return None
         return tuple(table.shape)
 
-    def get_all_tensor_attrs(self):
+    def get_all_tensor_attrs(self) -> list[TensorAttr]:
         return [TensorAttr(group_name=group, attr_name=name) for group, name in self._tables]
 
     # -- directload ---------------------------------------------------------------------
-    def table(self, group_name, attr_name):
+    def table(self, group_name: str | None, attr_name: str) -> torch.Tensor | _Store:
         """The table stored for ``(group_name, attr_name)``; ``KeyError`` as PyG's own stores raise."""
         try:
             return self._tables[group_name, attr_name]
@@ -119,11 +121,11 @@ class FeatureStore(_PygFeatureStore):
             have = ", ".join(f"{g}/{n}" for g, n in self._tables) or "none"
             raise KeyError(f"no tensor {attr_name!r} in group {group_name!r} (stored: {have})") from None
 
-    def stores(self):
+    def stores(self) -> list[_Store]:
         """The directload stores among the tables (they take hints and count their reads)."""
         return [table for table in self._tables.values() if _is_store(table)]
 
-    def prefetch(self, ids, group_name=None):
+    def prefetch(self, ids: torch.Tensor, group_name: str | None = None) -> None:
         """Tell the stores behind ``group_name``'s attributes which rows come next (a hint)."""
         for (group, _), table in self._tables.items():
             if group == group_name and _is_store(table):

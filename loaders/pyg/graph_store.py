@@ -1,5 +1,7 @@
 """``GraphStore``: PyG's graph-store interface over in-memory edge indices, for ``(FeatureStore, GraphStore)``."""
 
+from __future__ import annotations
+
 from torch_geometric.data import EdgeAttr
 from torch_geometric.data import GraphStore as _PygGraphStore
 
@@ -26,7 +28,7 @@ class GraphStore(_PygGraphStore):
     [(3, 3)]
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self.__dict__["_edges"] = {}
 
@@ -49,5 +51,5 @@ class GraphStore(_PygGraphStore):
     def _remove_edge_index(self, edge_attr):
         return self._edges.pop(self._key(edge_attr), None) is not None
 
-    def get_all_edge_attrs(self):
+    def get_all_edge_attrs(self) -> list[EdgeAttr]:
         return [EdgeAttr(*key) for key in self._edges]

@@ -1,9 +1,12 @@
 """``NeighborLoader``: PyG's NeighborLoader with node features gathered by directload, sampled ahead."""
 
+from __future__ import annotations
+
 import inspect
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch_geometric.data import Data, HeteroData
@@ -26,6 +29,12 @@ from .feature_store import FeatureStore
 from .graph_store import GraphStore
 from .sampler import NeighborSampler, unsupported_options
 
+if TYPE_CHECKING:
+    from torch_geometric.data import FeatureStore as PygFeatureStore
+    from torch_geometric.data import GraphStore as PygGraphStore
+
+    from directload.stores import FeatureStore as Store
+
 __all__ = ["NeighborLoader", "PygBatches", "stores_from", "unified_data", "resolve_sampler"]
 
 
@@ -36,7 +45,7 @@ def _unify(value, affinity):
     return value
 
 
-def unified_data(data, *, affinity="cuda"):
+def unified_data(data: Data | HeteroData, *, affinity: str = "cuda") -> Data | HeteroData:
     """A shallow copy of a ``Data``/``HeteroData`` whose node tables are unified tensors (zero-copy).
 
     Every node-level tensor that directload can gather (contiguous, CPU,
@@ -53,7 +62,8 @@ def unified_data(data, *, affinity="cuda"):
     return out
 
 
-def stores_from(data, *, affinity="cuda", device=None):
+def stores_from(data: Data | HeteroData, *, affinity: str = "cuda",
+                device: torch.device | str | None = None) -> tuple[FeatureStore, GraphStore]:
     """``(FeatureStore, GraphStore)`` holding a ``Data``/``HeteroData``'s node tables and edges.
 
     Node-level tensors become unified tensors (zero-copy, as in
@@ -140,8 +150,11 @@ class NeighborLoader(_PygNeighborLoader):
     True
     """
 
-    def __init__(self, data, num_neighbors, *args, lookahead=4, sample_in_thread=None, overlap=None,
-                 affinity="cuda", sampler=None, **kwargs):
+    def __init__(self, data: Data | HeteroData | tuple[PygFeatureStore, PygGraphStore],
+                 num_neighbors: list[int] | dict[tuple[str, str, str], list[int]], *args: Any,
+                 lookahead: int | str = 4, sample_in_thread: bool | None = None, overlap: bool | None = None,
+                 affinity: str = "cuda", sampler: str | torch.utils.data.Sampler | None = None,
+                 **kwargs: Any) -> None:
         check_lookahead(lookahead)
         check_int("batch_size", kwargs.get("batch_size", 1))
         kwargs.update(_by_name(args))
@@ -199,7 +212,7 @@ def _pyg_can_sample():
     return bool(pyg_typing.WITH_PYG_LIB or pyg_typing.WITH_TORCH_SPARSE)
 
 
-def resolve_sampler(sampler, options):
+def resolve_sampler(sampler: str | None, options: Mapping[str, Any]) -> str:
     """Whose sampler a ``NeighborLoader`` runs: ``"directload"`` or ``"pyg"``, from ``sampler=`` and its options.
 
     ``None``: PyG's where PyG can sample (pyg-lib or torch-sparse), else
@@ -238,7 +251,7 @@ def resolve_sampler(sampler, options):
     return "pyg"
 
 
-_NOTED = set()
+_NOTED: set[str] = set()
 
 
 def _note_once(message):
@@ -271,17 +284,18 @@ class PygBatches(BatchAdapter):
     [4, 0, 2]
     """
 
-    def __init__(self, feature_store, filter_fn, *, gathered=False):
+    def __init__(self, feature_store: FeatureStore | None, filter_fn: Callable[[Any], Any] | None, *,
+                 gathered: bool = False) -> None:
         self.feature_store, self.filter_fn, self.gathered = feature_store, filter_fn, gathered
 
-    def ids(self, batch):
+    def ids(self, batch: Any) -> torch.Tensor | Mapping[str, torch.Tensor]:
         if not self.gathered:
             return batch.node
         if isinstance(batch, HeteroData):
             return {node_type: batch[node_type].n_id for node_type in batch.node_types}
         return batch.n_id
 
-    def announce(self, batch):
+    def announce(self, batch: Any) -> None:
         if self.gathered or self.feature_store is None:
             return
         if isinstance(batch.node, Mapping):
@@ -290,10 +304,10 @@ class PygBatches(BatchAdapter):
         else:
             self.feature_store.prefetch(batch.node)
 
-    def finish(self, started):
-        return started if self.gathered else self.filter_fn(started)
+    def finish(self, started: Any) -> Any:
+        return started if self.gathered else self.filter_fn(started)  # type: ignore[misc]  # given unless gathered
 
-    def stores(self):
+    def stores(self) -> list[Store]:
         return self.feature_store.stores() if self.feature_store is not None else []
 
 

@@ -1,5 +1,9 @@
 """``NeighborSampler``: directload's sampler as a PyG ``BaseSampler``, for ``NeighborLoader(neighbor_sampler=...)``."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import torch
 from torch_geometric.data import Data, HeteroData
 from torch_geometric.sampler import BaseSampler, HeteroSamplerOutput, NumNeighbors, SamplerOutput
@@ -9,11 +13,18 @@ from directload.graph import CSCGraph
 from directload.sampler import HeteroNeighborSampler
 from directload.sampler import NeighborSampler as _Sampler
 
+if TYPE_CHECKING:
+    from torch_geometric.data import FeatureStore, GraphStore
+    from torch_geometric.sampler import EdgeSamplerInput, NegativeSampling, NodeSamplerInput
+    from torch_geometric.sampler.base import SubgraphType
+
 __all__ = ["NeighborSampler", "unsupported_options"]
 
 
-def unsupported_options(*, subgraph_type="directional", disjoint=False, temporal_strategy="uniform", time_attr=None,
-                        input_time=None, directed=True, is_sorted=False, sample_direction="forward", **_):
+def unsupported_options(*, subgraph_type: SubgraphType | str = "directional", disjoint: bool = False,
+                        temporal_strategy: str = "uniform", time_attr: str | None = None,
+                        input_time: torch.Tensor | None = None, directed: bool = True, is_sorted: bool = False,
+                        sample_direction: str = "forward", **_: Any) -> list[str]:
     """The ``NeighborLoader`` options directload's sampler does not implement, by name (empty: none).
 
     Examples
@@ -135,7 +146,12 @@ class NeighborSampler(BaseSampler):
     (1, [1, 2], [2])
     """
 
-    def __init__(self, data, num_neighbors, *, replace=False, weight_attr=None, device=None, generator=None):
+    sampler: _Sampler | HeteroNeighborSampler
+
+    def __init__(self, data: Data | HeteroData | tuple[FeatureStore, GraphStore],
+                 num_neighbors: NumNeighbors | list[int] | dict[tuple[str, str, str], list[int]], *,
+                 replace: bool = False, weight_attr: str | None = None, device: torch.device | str | None = None,
+                 generator: torch.Generator | None = None) -> None:
         graph, num_nodes = _graphs_of(data, weight_attr)
         self.num_neighbors = num_neighbors if isinstance(num_neighbors, NumNeighbors) else NumNeighbors(num_neighbors)
         self.num_nodes = num_nodes
@@ -156,13 +172,14 @@ class NeighborSampler(BaseSampler):
         return f"directload.loaders.pyg.NeighborSampler({self.sampler!r})"
 
     @property
-    def edge_permutation(self):
+    def edge_permutation(self) -> None:
         return None  # ``edge`` already holds the edges' positions in ``edge_index``
 
-    def sample_from_nodes(self, inputs):
+    def sample_from_nodes(self, inputs: NodeSamplerInput) -> SamplerOutput | HeteroSamplerOutput:
         return node_sample(inputs, self._sample)
 
-    def sample_from_edges(self, inputs, neg_sampling=None):
+    def sample_from_edges(self, inputs: EdgeSamplerInput,
+                          neg_sampling: NegativeSampling | None = None) -> SamplerOutput | HeteroSamplerOutput:
         return edge_sample(inputs, self._sample, self.num_nodes, False, None, neg_sampling)
 
     def _sample(self, seed, seed_time=None):

@@ -20,7 +20,7 @@ HOT = [
     gpu_path.cached_table, gpu_path.table_for, gpu_path.launch, gpu_path.as_variant, gpu_path.GpuTable.matches,
     gpu_path.GpuTable.variant_for,
     bounds.bounds_for, bounds.DeviceBounds.stamp, bounds.DeviceBounds.raise_pending, bounds.DeviceBounds.raise_for,
-    unified._gather, tensor_store.TensorStore._read_async, tensor_store.TensorStore._check_bounds,
+    unified._gather, tensor_store.TensorStore._read_async, tensor_store.TensorStore._bounds_on_device,
 ]
 # What reads a device value on the host (a device-to-host sync).
 SYNCS = {"int", "item", "tolist", "cpu", "synchronize", "numpy", "float", "bool", "nonzero", "any", "all"}

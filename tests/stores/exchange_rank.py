@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 
 from directload.stores import ClosedError, DiskStore, PartitionedStore, TensorStore, write_disk_store
-from directload.stores.exchange import ExchangeError, RowExchange, partition_bounds
+from directload.stores.exchange import ExchangeError, RowExchange
+from directload.stores.partitioned import partition_bounds
 
 # (rows, row shape, dtype, local store, bounds: "even" or the partition sizes)
 CASES = {

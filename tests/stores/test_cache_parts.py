@@ -70,19 +70,18 @@ def test_announced_batches_match_reads_skip_the_unread_and_stay_bounded():
     assert len(a) == 0 and (a.until == -1).all()
 
 
-def test_a_worker_runs_tasks_outside_the_lock_and_reports_its_failure():
-    lock = threading.Condition()
+def test_a_worker_runs_tasks_on_its_thread_and_reports_its_failure():
     seen, errors, stop = [], [], threading.Event()
     tasks = [3, 2, 1]
+    main = threading.current_thread()
 
     def run(task):
-        assert not lock._is_owned()  # outside the lock: readers go on meanwhile
+        assert threading.current_thread() is not main
         if task == 3:
             raise OSError("task 3 failed")
         seen.append(task)
 
-    w = Worker("t", lock, lambda: tasks.pop(0) if tasks else None, run, stopped=stop.is_set,
-               on_error=errors.append)
+    w = Worker("t", lambda: tasks.pop(0) if tasks else None, run, stopped=stop.is_set, on_error=errors.append)
     within(10, lambda: w.join(10))
     assert not w.alive() and type(errors[0]) is OSError and seen == []  # the first task failed: it ended
 

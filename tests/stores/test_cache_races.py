@@ -12,7 +12,7 @@ import torch
 from conftest import random_table
 
 from directload.stores import DeviceCache, FeatureStore, HostCache, ReadFuture, TensorStore, TieredStore
-from directload.stores.cache import POLICY_NAMES
+from directload.stores.policies import POLICY_NAMES
 
 _GUARD_S = 60  # a gate or a condition that never comes fails the test instead of hanging it
 
@@ -177,8 +177,7 @@ def _stress(kind, policy, seed, batches=60):
             th.join(_GUARD_S)
         caches = store.tiers[:-1] if isinstance(store, TieredStore) else [store]
         for cache in caches:
-            with cache._lock:
-                errors.extend(f"{cache.tier}: {p}" for p in cache._table.problems())
+            errors.extend(f"{cache.tier}: {p}" for p in cache.slots.problems())
         store.close()
     assert not any(th.is_alive() for th in threads), "a reader hung"
     return wrong, errors

@@ -10,16 +10,13 @@ import torch
 from conftest import random_table
 
 from directload.stores import DeviceCache, FeatureStore, HostCache, ReadFuture, TensorStore
-from directload.stores.cache import POLICY_NAMES
-from directload.stores.policies import LRU
+from directload.stores.policies import LRU, POLICY_NAMES
 from directload.stores.slots import CACHED
 
 
 def _consistent(cache):
     """Every row the slot table caches is one the policy holds, and no more than the capacity."""
-    t = cache._table
-    rows = np.flatnonzero(t.slot >= 0)
-    cached = rows[t.kind[t.slot[rows]] == CACHED]
+    cached = cache.slots.held_rows(CACHED)
     assert cached.size <= cache.capacity_rows
     assert cache.policy.contains(cached.astype(np.int64)).all()
     assert cache.policy.capacity == cache.capacity_rows

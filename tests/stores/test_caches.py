@@ -19,8 +19,7 @@ from directload.stores import (
     TieredStore,
     write_disk_store,
 )
-from directload.stores.cache import POLICY_NAMES
-from directload.stores.policies import LRU, degree
+from directload.stores.policies import LRU, POLICY_NAMES, degree
 
 
 def _batches(rng, rows, n, size, a=1.3):
@@ -245,13 +244,13 @@ class _GatedHigh(_Flaky):
 def test_a_wait_before_any_reader_took_the_read_runs_it_on_the_waiting_thread(rng):
     # every reader thread held at the gate: the next read stays queued, and its wait() runs it here instead
     # of waiting for a reader (the reader hop costs two thread switches per read when nothing overlaps)
-    from directload.stores.cache import _READERS
+    from directload.stores.readers import READERS
 
     table = random_table(rng, 100, 2, torch.float32)
     gate = threading.Event()
     store = _GatedHigh(table, gate)
     cache = HostCache(store, 0, "lru")
-    held = [cache.read_async([50 + k]) for k in range(_READERS)]
+    held = [cache.read_async([50 + k]) for k in range(READERS)]
     got = cache.read_async(np.arange(10)).wait()  # returns although every reader waits at the gate
     assert torch.equal(got, table[:10]) and store.threads == [threading.current_thread()]
     gate.set()
@@ -261,13 +260,13 @@ def test_a_wait_before_any_reader_took_the_read_runs_it_on_the_waiting_thread(rn
 
 
 def test_close_waits_for_a_read_its_waiter_runs(rng):
-    from directload.stores.cache import _READERS
+    from directload.stores.readers import READERS
 
     table = random_table(rng, 100, 2, torch.float32)
     gate = threading.Event()
     store = _GatedHigh(table, gate)
     cache = HostCache(store, 0, "lru")
-    held = [cache.read_async([50 + k]) for k in range(_READERS)]
+    held = [cache.read_async([50 + k]) for k in range(READERS)]
     stolen = cache.read_async([60, 61])
     result = {}
     waiter = threading.Thread(target=lambda: result.setdefault("rows", stolen.wait()))
@@ -523,7 +522,7 @@ def test_warm_refuses_bad_ids_before_reading_and_a_failed_read_gives_its_slots_b
         cache.warm(np.arange(10))
     s = cache.stats()
     assert s["cached_rows"] == 0 and s["warmed_rows"] == 0
-    assert cache._table.free_count == 30  # every slot is free again
+    assert cache.slots.table.free_count == 30  # every slot is free again
     flaky.ok = None
     assert torch.equal(cache.read(np.arange(10)), table[:10])  # the policy kept them; the rows come in now
     assert cache.warm(np.arange(20)) == 10
@@ -656,7 +655,7 @@ def test_one_warm_at_a_time_so_two_never_share_a_buffer(rng):
         first = threading.Thread(target=cache.warm, args=(np.arange(1000),))
         first.start()
         deadline = time.monotonic() + 5
-        while not cache._warming and time.monotonic() < deadline:
+        while cache.warming is None and time.monotonic() < deadline:
             time.sleep(0.0005)
         with pytest.raises(RuntimeError, match="warming already"):
             cache.warm(np.arange(1000, 2000), background=True)
@@ -687,7 +686,7 @@ def test_closing_a_tiered_store_while_its_tiers_warm_in_the_background_is_prompt
 
 
 def test_a_thread_error_whose_type_cannot_be_rebuilt_arrives_as_runtime_error_naming_it():
-    from directload.stores.cache import _rethrown
+    from directload.errors import rethrown as _rethrown
 
     class Odd(Exception):
         def __init__(self, a, b):
@@ -703,6 +702,6 @@ def test_a_thread_error_whose_type_cannot_be_rebuilt_arrives_as_runtime_error_na
 
 def _join_warm(cache, timeout):
     """Wait for a background warm of ``cache`` to end (it may have ended already)."""
-    w = cache._warming
+    w = cache.warming
     if w is not None:
         w.join(timeout)

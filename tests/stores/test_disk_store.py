@@ -15,9 +15,18 @@ from conftest import ROW_ELEMS, bits, random_table, within
 
 from directload import memory
 from directload.files import CorruptFileError
-from directload.stores import ClosedError, DirectIOWarning, DiskStore, disk_io, io_path, write_disk_store
+from directload.stores import (
+    ClosedError,
+    DirectIOWarning,
+    DiskStore,
+    disk_io,
+    disk_staging,
+    disk_uring,
+    io_path,
+    write_disk_store,
+)
 
-ENGINES = ["pread"] + (["io_uring"] if disk_io.uring_available() else [])
+ENGINES = ["pread"] + (["io_uring"] if disk_uring.uring_available() else [])
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int64)
 
 
@@ -57,7 +66,7 @@ def test_o_direct_reads_are_aligned_to_the_measured_block(tmp_path, rng, engine)
         if not store.direct:
             pytest.skip("this file system refuses O_DIRECT")
         assert store.block in (512, 1024, 2048, 4096)
-        offsets, lengths, needed, _ = disk_io.plan_reads(np.array([0, 3, 700], np.int64), 100, 4096,
+        offsets, lengths, needed, _ = disk_staging.plan_reads(np.array([0, 3, 700], np.int64), 100, 4096,
                                                          store._layout.file_bytes, store.block, 0, 1 << 17)
         assert np.all(offsets % store.block == 0) and np.all(lengths % store.block == 0)
         assert torch.equal(store.read([700, 3, 0]), table[[700, 3, 0]])
@@ -79,11 +88,11 @@ def test_rows_that_share_a_block_are_read_once_and_neighbours_merge(tmp_path, rn
 
 def test_plan_merges_small_gaps_only_when_asked():
     rows = np.array([0, 100], np.int64)  # 4-byte rows: blocks 0 and 0 (data offset 0), then 400 -> block 0
-    offs, lens, _, pos = disk_io.plan_reads(np.array([0, 300], np.int64), 4, 0, 1 << 20, 512, 0, 1 << 17)
+    offs, lens, _, pos = disk_staging.plan_reads(np.array([0, 300], np.int64), 4, 0, 1 << 20, 512, 0, 1 << 17)
     assert list(offs) == [0, 1024] and list(lens) == [512, 512] and list(pos) == [0, 512 + 176]
-    offs, lens, _, pos = disk_io.plan_reads(np.array([0, 300], np.int64), 4, 0, 1 << 20, 512, 512, 1 << 17)
+    offs, lens, _, pos = disk_staging.plan_reads(np.array([0, 300], np.int64), 4, 0, 1 << 20, 512, 512, 1 << 17)
     assert list(offs) == [0] and list(lens) == [1536] and list(pos) == [0, 1200]
-    offs, lens, need, _ = disk_io.plan_reads(rows, 4, 0, 402, 512, 0, 1 << 17)  # a file ending mid-block
+    offs, lens, need, _ = disk_staging.plan_reads(rows, 4, 0, 402, 512, 0, 1 << 17)  # a file ending mid-block
     assert list(lens) == [512] and list(need) == [402]
 
 
@@ -125,7 +134,7 @@ def test_short_reads_are_completed(tmp_path, rng, engine):
 
 @pytest.mark.parametrize("submit_batch", [1, 3, 64, 1000])
 def test_any_submit_batch_reads_every_row_right_with_retries_and_short_reads(tmp_path, rng, submit_batch):
-    if not disk_io.uring_available():
+    if not disk_uring.uring_available():
         pytest.skip("io_uring is not available here")
     table = random_table(rng, 3000, 100, torch.float32)
     with _store(tmp_path, table, engine="io_uring", submit_batch=submit_batch, queue_depth=16) as store:
@@ -231,7 +240,7 @@ def test_file_systems_without_o_direct_fall_back_to_buffered_reads_with_a_warnin
 
 def test_the_read_path_is_chosen_and_reported(monkeypatch):
     assert io_path() in ("io_uring", "pread") and io_path("pread") == "pread"
-    monkeypatch.setattr(disk_io, "uring_available", lambda: False)
+    monkeypatch.setattr(disk_uring, "uring_available", lambda: False)
     assert io_path() == "pread"
     with pytest.raises(ValueError, match="engine"):
         io_path("aio")
@@ -337,7 +346,7 @@ def test_a_ring_the_kernel_refuses_raises_os_error():
     if "io_uring" not in ENGINES:
         pytest.skip("io_uring is not available here")
     with pytest.raises(OSError, match="io_uring_queue_init"):
-        disk_io.UringEngine(queue_depth=1 << 20)  # more entries than the kernel gives one ring
+        disk_uring.UringEngine(queue_depth=1 << 20)  # more entries than the kernel gives one ring
 
 
 def test_the_staging_buffer_comes_from_the_pinned_pool_where_cuda_runs(tmp_path, rng, engine):
@@ -412,16 +421,16 @@ def test_complex_rows_are_read_to_any_device_by_the_copy_path(tmp_path, rng, eng
         assert torch.equal(store.read(ids), table[ids])
 
 
-@pytest.mark.skipif(not disk_io.uring_available(), reason="io_uring is not usable here")
+@pytest.mark.skipif(not disk_uring.uring_available(), reason="io_uring is not usable here")
 def test_the_io_uring_read_loop_is_compiled_once_and_cached_not_in_every_process(tmp_path, rng):
     # liburing's functions are external symbols, not ctypes pointers baked into the code: Numba can keep
     # the compiled loop on disk (it compiled for 0.8 s in each process's first read before)
-    assert type(disk_io._uring_run._cache).__name__ != "NullCache"
+    assert type(disk_uring._uring_run._cache).__name__ != "NullCache"
     table = random_table(rng, 64, 8, torch.float32)
     path = write_disk_store(table.numpy(), tmp_path / "t.npy", progress=False)
-    script = ("import sys, time, torch; from directload.stores import DiskStore, disk_io\n"
+    script = ("import sys, time, torch; from directload.stores import DiskStore, disk_uring\n"
               "s = DiskStore(sys.argv[1], engine='io_uring'); s.read(torch.tensor([3]))\n"
-              "print(disk_io._uring_run.stats.cache_hits and 'hit' or 'compiled')")
+              "print(disk_uring._uring_run.stats.cache_hits and 'hit' or 'compiled')")
     runs = [subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, check=True)
             for _ in range(2)]
     assert runs[1].stdout.split()[-1] == "hit"  # the second process loads what the first one (or any) saved
@@ -434,9 +443,9 @@ def test_a_liburing_whose_symbols_resolve_elsewhere_falls_back_to_pread(tmp_path
 
     table = random_table(rng, 50, 8, torch.float32)
     path = write_disk_store(table.numpy(), tmp_path / "t.npy", progress=False)
-    monkeypatch.setattr(disk_io, "_URING", None)
+    monkeypatch.setattr(disk_uring, "_URING", None)
     monkeypatch.setattr(binding, "address_of_symbol", lambda name: 1)
-    assert disk_io._uring() == {} and not disk_io.uring_available() and io_path() == "pread"
+    assert disk_uring._uring() == {} and not disk_uring.uring_available() and io_path() == "pread"
     with DiskStore(path) as store:
         assert store.engine_name == "pread" and torch.equal(store.read([3, 9]), table[[3, 9]])
-    monkeypatch.setattr(disk_io, "_URING", None)  # the next _uring() probes afresh
+    monkeypatch.setattr(disk_uring, "_URING", None)  # the next _uring() probes afresh

@@ -21,7 +21,8 @@ import torch.distributed as dist
 from conftest import within
 
 from directload.stores import ClosedError, PartitionedStore, TensorStore
-from directload.stores.exchange import ExchangeError, RowExchange, partition_bounds
+from directload.stores.exchange import ExchangeError, RowExchange
+from directload.stores.partitioned import partition_bounds
 
 RANK = Path(__file__).with_name("exchange_rank.py")
 
@@ -214,20 +215,20 @@ def test_the_first_round_checks_the_table_and_a_failed_check_is_latched(one_rank
 
 
 def test_many_ranks_and_long_bounds_and_shapes_are_said_in_one_short_line():
-    from directload.stores.exchange import _describe, _disagreement
+    from directload.stores.exchange_check import describe_table, disagreement
 
     bounds = partition_bounds(100, 12)
-    same = _describe(torch.float16, (2,) * 20, bounds)
-    described = np.stack([same] + [_describe(torch.float16, (2,) * 19, bounds)] * 10 + [same])
-    said = _disagreement(described)
+    same = describe_table(torch.float16, (2,) * 20, bounds)
+    described = np.stack([same] + [describe_table(torch.float16, (2,) * 19, bounds)] * 10 + [same])
+    said = disagreement(described)
     assert said.startswith("ranks 1, 2, 3, 4, 5, 6, 7, 8 ... (10 ranks) have float16 rows of (2, 2, ")
     assert ", ... 19 dims), ranks 0, 11 float16 rows of (" in said and ", ... 20 dims); give every" in said
     other = partition_bounds(100, 12)[::-1].copy()
-    described = np.stack([same] * 11 + [_describe(torch.float16, (2,) * 20, other)])
-    assert _disagreement(described) == ("rank 11 has bounds [100, 92, 84, 76, ..., 9, 0], ranks 0, 1, 2, 3, 4, 5, 6, "
-                                        "7 ... (11 ranks) bounds [0, 9, 18, 27, ..., 92, 100]; give every rank the "
-                                        "same bounds")
-    assert _disagreement(np.stack([same] * 12)) is None
+    described = np.stack([same] * 11 + [describe_table(torch.float16, (2,) * 20, other)])
+    assert disagreement(described) == ("rank 11 has bounds [100, 92, 84, 76, ..., 9, 0], ranks 0, 1, 2, 3, 4, 5, 6, "
+                                       "7 ... (11 ranks) bounds [0, 9, 18, 27, ..., 92, 100]; give every rank the "
+                                       "same bounds")
+    assert disagreement(np.stack([same] * 12)) is None
 
 
 def test_a_forked_child_refuses_to_read_instead_of_hanging(one_rank):

@@ -175,7 +175,7 @@ def test_lookahead_with_slack_frees_room_ahead_so_the_next_misses_need_no_pass()
 
 
 def test_a_caches_lookahead_policy_keeps_slack_the_simulators_does_not():
-    from directload.stores.cache import make_policy
+    from directload.stores.policies import make_policy
 
     assert make_policy("lookahead", 3200).slack == 100 and make_policy("lookahead", 20).slack == 0
     assert belady(3200).slack == 0 and LookAhead(3200).slack == 0

@@ -107,7 +107,7 @@ def test_an_out_aliasing_the_stores_own_table_is_refused():
 
 def test_an_out_aliasing_a_caches_slots_is_refused():
     cache = HostCache(TensorStore(TABLE.clone()), 20 * 16, "lru")
-    slots = cache._rows
+    slots = cache.held_memory()[0]  # the slots come first
     with pytest.raises(ValueError, match="shares memory"):
         cache.read([1, 2], out=slots[:2])
 

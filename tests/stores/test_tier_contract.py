@@ -27,7 +27,7 @@ from directload.stores import (
     TieredStore,
     write_disk_store,
 )
-from directload.stores.base import deliver
+from directload.stores.reads import deliver
 
 ROWS, ELEMS = 300, 5
 

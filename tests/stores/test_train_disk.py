@@ -129,9 +129,9 @@ def test_tiered_options_are_checked_before_any_work(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["train", "--root", str(tmp_path), "--features", "tiered", "--host-cache", "lots", "--no-progress"])
     assert "not a size" in capsys.readouterr().err and not list(tmp_path.iterdir())
-    from directload.harness.cli import build_parser
+    from directload.harness.parser import build_parser
     from directload.harness.train import TrainConfig
-    from directload.stores.cache import POLICY_NAMES
+    from directload.stores.policies import POLICY_NAMES
 
     train = build_parser()._subparsers._group_actions[0].choices["train"]
     policy = next(a for a in train._actions if "--policy" in a.option_strings)

@@ -12,6 +12,11 @@ which were cached (hits), admitting the misses and evicting as it decides.  Look
   whole epoch, the optimum, for evaluation.
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from .base import Policy, simulate
 from .clock import Clock
 from .correlation import Correlation
@@ -21,7 +26,45 @@ from .s3fifo import S3FIFO
 from .sieve import Sieve
 from .static import Static, degree, presample
 
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    #: What a cache takes as its policy: a name of :data:`POLICY_NAMES`, a policy or a callable
+    #: ``capacity -> Policy``.
+    PolicySpec: TypeAlias = str | Policy | Callable[[int], Policy]
+
 POLICIES = {"lru": LRU, "clock": Clock, "sieve": Sieve, "s3fifo": S3FIFO}
 
+#: Policy names a cache takes (or pass a Policy, or a callable ``capacity -> Policy``).
+POLICY_NAMES = ("lookahead", *POLICIES)
+
+
+def make_policy(policy: PolicySpec, capacity: int) -> Policy:
+    """A :class:`Policy` of ``capacity`` rows from a name of :data:`POLICY_NAMES`, a policy or a callable
+    ``capacity -> Policy``.
+
+    Examples
+    --------
+    >>> make_policy("lru", 8).capacity, make_policy("lookahead", 3200).slack
+    (8, 100)
+    """
+    if isinstance(policy, str):
+        if policy == "lookahead":  # evicting 1/32 more at a pass: passes over the held rows come a few batches apart
+            return LookAhead(capacity, slack=capacity // 32)
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICY_NAMES}, a Policy or a callable, not {policy!r}")
+        return POLICIES[policy](capacity)
+    if isinstance(policy, Policy):
+        got = policy
+    elif callable(policy):
+        got = policy(capacity)
+        if not isinstance(got, Policy):
+            raise TypeError(f"the policy factory returned a {type(got).__name__}, not a Policy")
+    else:
+        raise TypeError(f"policy must be a name, a Policy or a callable, not {type(policy).__name__}")
+    if got.capacity > capacity:
+        raise ValueError(f"the policy keeps {got.capacity} rows but the cache has room for {capacity}")
+    return got
+
 __all__ = ["Policy", "simulate", "LRU", "Clock", "Sieve", "S3FIFO", "Correlation", "Static", "degree", "presample",
-           "LookAhead", "belady", "POLICIES"]
+           "LookAhead", "belady", "POLICIES", "POLICY_NAMES", "make_policy"]

@@ -1,6 +1,12 @@
 """The policy interface and the offline trace simulator."""
 
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 
 __all__ = ["Policy", "simulate"]
 
@@ -28,13 +34,13 @@ class Policy:
 
     name = "policy"
 
-    def __init__(self, capacity):
+    def __init__(self, capacity: int) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 0:
             raise ValueError(f"capacity must be an integer >= 0 (rows), got {capacity!r}")
         self.capacity = int(capacity)
-        self._evicted = []  # rows evicted since take_evicted(): ints, or arrays of them
+        self._evicted: list[int | np.ndarray] = []  # rows evicted since take_evicted(): ints, or arrays of them
 
-    def access(self, ids):
+    def access(self, ids: npt.ArrayLike) -> np.ndarray:
         """One batch's distinct row ids: returns a bool array, True where the row was cached (a hit).
 
         Misses are admitted (or passed through, as the policy decides); evictions happen here.
@@ -46,12 +52,12 @@ class Policy:
             raise ValueError("ids of one batch must be distinct (a batch reads each row once)")
         return self._access(ids.astype(np.int64, copy=False))
 
-    def access_distinct(self, ids):
+    def access_distinct(self, ids: np.ndarray) -> np.ndarray:
         """:meth:`access` for ids known to be distinct int64 (a cache's ``np.unique`` made them so):
         the same answer, without checking them again."""
         return self._access(ids)
 
-    def warm(self, ids):
+    def warm(self, ids: npt.ArrayLike) -> np.ndarray:
         """Admit rows ``ids`` (distinct int64, most wanted first) before any batch, while the policy has
         room: nothing is evicted and no access is counted against them (a cache filled ahead of training,
         :meth:`~directload.stores.Cache.warm`).  Returns a bool array: True where the row is cached now.
@@ -68,7 +74,7 @@ class Policy:
         """How many rows are cached now."""
         return len(self._members())
 
-    def take_evicted(self):
+    def take_evicted(self) -> np.ndarray:
         """The rows evicted since the last call (int64 array): a cache frees their slots.  A row admitted
         and evicted within one batch may be listed; it never held a slot."""
         gone = self._evicted
@@ -77,7 +83,7 @@ class Policy:
             return np.empty(0, np.int64)
         return np.concatenate([np.atleast_1d(np.asarray(g, np.int64)) for g in gone])
 
-    def contains(self, ids):
+    def contains(self, ids: np.ndarray) -> np.ndarray:
         """Whether each row of ``ids`` (int64 array) is cached now."""
         rows = self._members()
         return np.fromiter((r in rows for r in ids.tolist()), bool, len(ids))
@@ -87,11 +93,11 @@ class Policy:
         overrides this or :meth:`cached`, which default to each other."""
         return self.cached()
 
-    def see(self, batch_index, window):
+    def see(self, batch_index: int, window: Sequence[npt.ArrayLike]) -> None:
         """A hint: batch ``batch_index`` comes next, then the batches in ``window`` (a list of id arrays,
         starting with that batch).  Only look-ahead policies use it."""
 
-    def cached(self):
+    def cached(self) -> set[int]:
         """The cached row ids, as a set (for tests and the simulator)."""
         return set(self._members())
 
@@ -99,7 +105,8 @@ class Policy:
         raise NotImplementedError
 
 
-def simulate(policy, batches, *, lookahead=0, measure_from=0):
+def simulate(policy: Policy, batches: Iterable[npt.ArrayLike], *, lookahead: int | None = 0,
+             measure_from: int = 0) -> dict[str, Any]:
     """Run ``policy`` over ``batches`` (id arrays; each made distinct), as a loader with ``lookahead``
     batches of look-ahead would feed it (``None``: every remaining batch).  Batches before
     ``measure_from`` warm the cache and are not counted (e.g. a first epoch, for steady-state figures).
@@ -133,5 +140,6 @@ def simulate(policy, batches, *, lookahead=0, measure_from=0):
     out = {"policy": policy.name, "accesses": accesses, "hits": hits, "misses": accesses - hits,
            "hit_rate": hits / accesses if accesses else 0.0}
     if fetched_before is not None:  # a page policy counts its own bytes (whole pages, prefetches)
-        out["fetched_bytes"] = policy.fetched_bytes - fetched_before
+        # (only a page policy has fetched_bytes: getattr above)
+        out["fetched_bytes"] = policy.fetched_bytes - fetched_before  # type: ignore[attr-defined]
     return out

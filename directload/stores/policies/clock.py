@@ -1,5 +1,7 @@
 """CLOCK: a ring of slots with a reference bit; the hand clears bits until it finds a row without one."""
 
+from __future__ import annotations
+
 import numpy as np
 
 from .base import Policy
@@ -19,10 +21,10 @@ class Clock(Policy):
 
     name = "clock"
 
-    def __init__(self, capacity):
+    def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
-        self._slot = {}  # row -> slot
-        self._rows = [None] * self.capacity
+        self._slot: dict[int, int] = {}  # row -> slot
+        self._rows: list[int | None] = [None] * self.capacity
         self._ref = [False] * self.capacity
         self._hand = 0
 

@@ -9,6 +9,8 @@ prefetches never used.  DeepUM's own paper finds that correlation fails on data-
 measures by how much, next to exact row ids.
 """
 
+from __future__ import annotations
+
 from collections import OrderedDict, deque
 
 import numpy as np
@@ -34,16 +36,16 @@ class Correlation(Policy):
 
     name = "deepum"
 
-    def __init__(self, capacity, row_bytes, page_bytes=4096, degree=2):
+    def __init__(self, capacity: int, row_bytes: int, page_bytes: int = 4096, degree: int = 2) -> None:
         super().__init__(capacity)
         if row_bytes <= 0 or page_bytes <= 0 or degree < 0:
             raise ValueError("row_bytes and page_bytes must be positive and degree >= 0")
         self.row_bytes, self.page_bytes, self.degree = int(row_bytes), int(page_bytes), int(degree)
         self.name = f"deepum ({page_bytes // 1024} KiB pages)" if page_bytes >= 1024 else "deepum"
         self._page_capacity = capacity * self.row_bytes // self.page_bytes  # the same bytes as a row cache
-        self._pages = OrderedDict()
-        self._next = {}  # page -> pages that faulted right after it, most recent last
-        self._last_fault = None
+        self._pages: OrderedDict[int, None] = OrderedDict()
+        self._next: dict[int, deque[int]] = {}  # page -> pages that faulted right after it, most recent last
+        self._last_fault: int | None = None
         self.fetched_bytes = 0
 
     def _page(self, row):
@@ -79,7 +81,7 @@ class Correlation(Policy):
                 self._fetch(p)
         return hit
 
-    def cached(self):
+    def cached(self) -> set[int]:
         """Rows whose first byte lies in a cached page (the page a read of the row faults on)."""
         rb, pb = self.row_bytes, self.page_bytes
         return {r for p in self._pages for r in range(-(-p * pb // rb), ((p + 1) * pb - 1) // rb + 1)}

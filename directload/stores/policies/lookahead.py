@@ -12,7 +12,12 @@ The bookkeeping is dense arrays indexed by row id (grown to the largest id seen)
 vectorised passes over the batch, the window and the cached rows: a cache can run it at every batch.
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+
 import numpy as np
+import numpy.typing as npt
 
 from .base import Policy
 
@@ -55,7 +60,8 @@ class LookAhead(Policy):
 
     name = "lookahead"
 
-    def __init__(self, capacity, window=None, fallback="recency", slack=0):
+    def __init__(self, capacity: int, window: int | None = None, fallback: str = "recency",
+                 slack: int = 0) -> None:
         super().__init__(capacity)
         if fallback not in ("recency", "frequency"):
             raise ValueError(f"fallback must be 'recency' or 'frequency', got {fallback!r}")
@@ -80,7 +86,7 @@ class LookAhead(Policy):
         self._last = _grown(self._last, n, 0)
         self._count = _grown(self._count, n, 0)
 
-    def see(self, batch_index, window):
+    def see(self, batch_index: int, window: Sequence[npt.ArrayLike]) -> None:
         if batch_index < self._now:  # a new sequence of batches (indices start again): forget old plans
             self._next[:] = -1
         self._now = batch_index
@@ -122,7 +128,7 @@ class LookAhead(Policy):
         self._held = cand
         return hit
 
-    def warm(self, ids):
+    def warm(self, ids: npt.ArrayLike) -> np.ndarray:
         # no access counted (the frequency fallback sees none); the most wanted last used, so kept longest
         ids = np.asarray(ids, np.int64)
         if ids.size:
@@ -136,21 +142,21 @@ class LookAhead(Policy):
             self._held = np.concatenate([self._held, new])
         return self._in[ids]
 
-    def contains(self, ids):
+    def contains(self, ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids, np.int64)
         ok = ids < self._in.shape[0]
         out = np.zeros(ids.shape[0], bool)
         out[ok] = self._in[ids[ok]]
         return out
 
-    def cached(self):
+    def cached(self) -> set[int]:
         return set(self._held.tolist())
 
     def _size(self):
         return self._held.shape[0]
 
 
-def belady(capacity):
+def belady(capacity: int) -> LookAhead:
     """Belady's optimum over the whole epoch: :class:`LookAhead` shown every remaining batch
     (``simulate(..., lookahead=None)``).  For evaluation: no real loader sees that far.
 

@@ -1,5 +1,7 @@
 """Least recently used: evict the row touched longest ago."""
 
+from __future__ import annotations
+
 from collections import OrderedDict
 
 import numpy as np
@@ -21,9 +23,9 @@ class LRU(Policy):
 
     name = "lru"
 
-    def __init__(self, capacity):
+    def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
-        self._rows = OrderedDict()
+        self._rows: OrderedDict[int, None] = OrderedDict()
 
     def _access(self, ids):
         hit = np.zeros(ids.shape[0], bool)

@@ -1,6 +1,8 @@
 """S3-FIFO (Yang et al., SOSP'23): a small FIFO (10%) that filters one-hit rows, a main FIFO (90%) with
 lazy promotion, and a ghost FIFO of ids recently dropped from the small one."""
 
+from __future__ import annotations
+
 from collections import OrderedDict, deque
 
 import numpy as np
@@ -22,14 +24,16 @@ class S3FIFO(Policy):
     """
 
     name = "s3fifo"
+    _small: deque[int]
+    _main: deque[int]
 
-    def __init__(self, capacity, small=0.1):
+    def __init__(self, capacity: int, small: float = 0.1) -> None:
         super().__init__(capacity)
         self._small_cap = max(1, int(round(self.capacity * small))) if self.capacity > 1 else 0
         self._main_cap = self.capacity - self._small_cap
         self._small, self._main = deque(), deque()
-        self._freq = {}  # cached row -> 0..3
-        self._ghost = OrderedDict()
+        self._freq: dict[int, int] = {}  # cached row -> 0..3
+        self._ghost: OrderedDict[int, None] = OrderedDict()
 
     def _insert(self, r):
         while len(self._freq) >= self.capacity:

@@ -1,6 +1,8 @@
 """SIEVE (Zhang et al., NSDI'24): a FIFO queue with a visited bit; the hand moves from the oldest row
 towards the newest, clearing bits, and evicts the first unvisited row; hits do not move rows."""
 
+from __future__ import annotations
+
 import numpy as np
 
 from .base import Policy
@@ -20,11 +22,11 @@ class Sieve(Policy):
 
     name = "sieve"
 
-    def __init__(self, capacity):
+    def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
-        self._visited = {}  # row -> bit
-        self._newer = {}    # row -> the row admitted right after it (towards the head)
-        self._older = {}
+        self._visited: dict[int, bool] = {}  # row -> bit
+        self._newer: dict[int, int | None] = {}  # row -> the row admitted right after it (towards the head)
+        self._older: dict[int, int | None] = {}
         self._head = self._tail = self._hand = None  # head: newest, tail: oldest
 
     def _evict(self):

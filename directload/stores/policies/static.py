@@ -4,7 +4,12 @@
 batches read them (GNNLab).
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+
 import numpy as np
+import numpy.typing as npt
 
 from .base import Policy
 
@@ -21,7 +26,7 @@ class Static(Policy):
 
     name = "static"
 
-    def __init__(self, capacity, scores, name="static"):
+    def __init__(self, capacity: int, scores: npt.ArrayLike, name: str = "static") -> None:
         super().__init__(capacity)
         scores = np.asarray(scores)
         order = np.argsort(-scores, kind="stable")[:self.capacity]
@@ -35,7 +40,7 @@ class Static(Policy):
         return self._rows
 
 
-def degree(capacity, in_degrees):
+def degree(capacity: int, in_degrees: npt.ArrayLike) -> Static:
     """The rows of highest in-degree (a row read by many neighbours is read often).
 
     Examples
@@ -46,7 +51,7 @@ def degree(capacity, in_degrees):
     return Static(capacity, np.asarray(in_degrees, np.float64) + 1e-9, name="degree")
 
 
-def presample(capacity, batches, num_rows):
+def presample(capacity: int, batches: Iterable[npt.ArrayLike], num_rows: int) -> Static:
     """The rows that ``batches`` (K pre-sampled batches) read most often.
 
     Examples

@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from directload.datasets import load, synthesize
-from directload.harness.cli import main, partition_dir
+from directload.harness.cli import main
+from directload.harness.commands.partition import partition_dir
 from directload.harness.dist import DistLaunchError, check_host
 from directload.stores import DiskStore
 

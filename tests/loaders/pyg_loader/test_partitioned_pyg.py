@@ -23,7 +23,8 @@ _RANK = textwrap.dedent("""
     from torch_geometric.data import Data
     from directload.loaders.pyg import NeighborLoader, stores_from
     from directload.stores import PartitionedStore, TensorStore
-    from directload.stores.exchange import RowExchange, partition_bounds
+    from directload.stores.exchange import RowExchange
+    from directload.stores.partitioned import partition_bounds
 
     rank, world, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,

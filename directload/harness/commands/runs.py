@@ -1,0 +1,99 @@
+"""What the training commands share: their flags as a run's options and the one check, feature files, reports."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from dataclasses import fields
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from directload.harness.options import Names, check_options
+
+__all__ = ["FLAGS", "train_options", "check_args", "feature_files", "report_name", "default_out"]
+
+#: How a message of :func:`check_options` names an option on the command line: by the flag of ``directload
+#: train`` that sets it (heads, dropout and seed have none).
+FLAGS = Names({"partitioned": "--partition-features",
+               **{name: "--" + name.replace("_", "-") for name in (
+                   "model", "loader", "framework", "epochs", "layers", "fanouts", "hidden", "lr", "batch_size",
+                   "num_workers", "features", "gpu_cache", "host_cache", "staging", "sampler", "lookahead",
+                   "policy", "packed", "eval_batch_size", "eval_nodes", "nproc", "node_budget", "node_io_depth",
+                   "budget_name", "shared_hot")}},
+              ours="--loader directload (or both)", ranks="--nproc N (N >= 2) or start the ranks with torchrun")
+
+
+def train_options(args: argparse.Namespace, *, partitioned: bool = False) -> dict[str, Any]:
+    """The one mapping from the flags that :func:`~directload.harness.parser.add_train_arguments` adds to
+    :class:`~directload.harness.train.TrainConfig`'s keyword arguments (``partitioned``: the train command's
+    ``--partition-features``).  ``nproc`` is the job's ranks: ``--nproc``, or those torchrun started.  The
+    device (``--device auto``) is resolved by the run."""
+    from directload.harness import ddp
+
+    return dict(framework=args.framework, epochs=args.epochs, layers=args.layers, fanouts=args.fanouts,
+                hidden=args.hidden, lr=args.lr, batch_size=args.batch_size, num_workers=args.num_workers,
+                features=args.features, gpu_cache=args.gpu_cache, host_cache=args.host_cache, staging=args.staging,
+                sampler=args.sampler, lookahead=args.lookahead, policy=args.policy, packed=args.packed,
+                eval_batch_size=args.eval_batch_size, eval_nodes=args.eval_nodes,
+                nproc=args.nproc if args.nproc > 1 else ddp.torchrun_world()[1], node_budget=args.node_budget,
+                node_io_depth=args.node_io_depth, budget_name=args.budget_name, shared_hot=args.shared_hot,
+                partitioned=partitioned)
+
+
+def check_args(args: argparse.Namespace, models: Sequence[str], loaders: Sequence[str], *,
+               partitioned: bool = False) -> dict[str, Any]:
+    """:func:`train_options` of ``args``, refused before any work as :func:`check_options` says, each option
+    named by its flag (:data:`FLAGS`), for every run of ``models`` and ``loaders``; returns the options with
+    what the check settles (``layers``, ``fanouts``)."""
+    from directload.harness.train import SIDES, TrainConfig
+
+    options = train_options(args, partitioned=partitioned)
+    defaults = {f.name: f.default for f in fields(TrainConfig)}  # heads, dropout: no flag sets them
+    settled = check_options(SimpleNamespace(**{**defaults, **options}), frameworks=tuple(SIDES), models=models,
+                            loaders=loaders, names=FLAGS)
+    return {**options, **settled}
+
+
+def feature_files(root: os.PathLike[str] | str, dataset: str, features: str, *, packed: bool = False,
+                  progress: bool = True) -> list[Path]:
+    """The feature files of ``dataset`` under ``root`` (the .npy, and the disk store with ``features`` disk or
+    tiered, written here on first use, and the packed store with ``packed``), or none when its features live
+    inside OGB's archive."""
+    from directload.datasets import FEATURE_FILE, convert, dataset_dir
+    from directload.harness.train import DISK_FILE, PACKED_FILE
+
+    base = dataset_dir(root, dataset)
+    npy = base / "raw" / FEATURE_FILE
+    if features == "memory":
+        return [npy] if npy.exists() else []
+    packed_file = [base / PACKED_FILE] if packed else []
+    if packed_file and not packed_file[0].exists():  # checked first: nothing is written for a run that cannot start
+        raise FileNotFoundError(f"{packed_file[0]} does not exist: write it with `directload dataset pack "
+                                f"--name {dataset}`")
+    if not npy.exists():
+        npy = convert(root, dataset)  # features inside OGB's archive: write the .npy first
+    store = base / DISK_FILE
+    if not store.exists():
+        from directload.stores import write_disk_store
+
+        write_disk_store(npy, store, progress=progress)
+    return [npy, store, *packed_file]
+
+
+def report_name(prefix: str, dataset: str, models: Sequence[str], loaders: Sequence[str]) -> str:
+    """The file stem of a training report, unique per dataset, models and loaders.  Pure.
+
+    Examples
+    --------
+    >>> report_name("train", "synth-small", ["gat"], ["dgl", "directload"])
+    'train_synth-small_gat_dgl-vs-directload'
+    """
+    return f"{prefix}_{dataset}_{'+'.join(models)}_{'-vs-'.join(loaders)}"
+
+
+def default_out() -> str:
+    """Where reports go without ``--out``: benchmarks/results in a source checkout, else directload-results."""
+    bench = Path("benchmarks") / "results"
+    return str(bench) if bench.parent.is_dir() else "directload-results"
