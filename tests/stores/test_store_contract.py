@@ -1,5 +1,6 @@
 """Every store passes the ``FeatureStore`` contract (tests/stores/contract.py): the tensor, disk and toy remote
-stores, both caches, the tiered, hot-rows and partitioned stores."""
+stores, a RemoteStore plug-in and KVStoreRows, both caches, the wrapper, tiered, hot-rows and partitioned stores,
+and a stack opened from a StoreSpec."""
 
 import torch
 from contract import StoreContract
@@ -12,10 +13,14 @@ from directload.stores import (
     HotRowsStore,
     PartitionedStore,
     ReadFuture,
+    StoreSpec,
     TensorStore,
     TieredStore,
+    WrapperStore,
+    open_store,
     write_disk_store,
 )
+from directload.stores.remote import KVStoreRows, RemoteStore
 
 
 class TestTensorStore(StoreContract):
@@ -107,3 +112,42 @@ class TestToyRemote(StoreContract):
 class TestHostCacheOverAToyRemote(StoreContract):
     def make(self, table, tmp_path):  # a remote tier plugs in under a cache through the public contract alone
         return HostCache(ToyRemote(table), capacity_bytes=table[:50].numel() * table.element_size())
+
+
+class DictRemote(RemoteStore):
+    """The documented plug-in point for a remote tier: only ``_fetch``."""
+
+    def __init__(self, rows):
+        super().__init__(rows.shape[0], rows.shape[1:], rows.dtype)
+        self._rows = {i: rows[i].clone() for i in range(rows.shape[0])}
+
+    def _fetch(self, ids):
+        return torch.stack([self._rows[int(i)] for i in ids])
+
+
+class TestRemoteStore(StoreContract):
+    def make(self, table, tmp_path):
+        return DictRemote(table)
+
+
+class TestKVStoreRows(StoreContract):
+    def make(self, table, tmp_path):  # anything indexed as a DistTensor is
+        return KVStoreRows(table.clone())
+
+
+class TestPartitionedStoreOverARemoteStore(StoreContract):
+    def make(self, table, tmp_path):
+        return PartitionedStore(TensorStore(table[100:200].clone()), DictRemote(table), [0, 100, 200, 300], part=1,
+                                own=True)
+
+
+class TestWrapperStore(StoreContract):
+    def make(self, table, tmp_path):  # the base of every composite, delegating everything
+        return WrapperStore(TensorStore(table), own=True)
+
+
+class TestAStackFromASpec(StoreContract):
+    def make(self, table, tmp_path):
+        spec = StoreSpec(str(_written(table, tmp_path)), gpu_bytes=table[:30].numel() * table.element_size(),
+                         host_bytes=table[:60].numel() * table.element_size(), staging_bytes=0, policy="lru")
+        return open_store(spec)
