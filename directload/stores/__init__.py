@@ -21,7 +21,7 @@ dataset) as a disk store with checksums, and :func:`verify` checks them.
 
 from .base import ClosedError, FeatureStore, check_table, read_devices
 from .budgeted import join_budget
-from .cache import CachedStore, DeviceCache, HostCache
+from .cache import Cache, CachedStore, DeviceCache, HostCache
 from .disk import DiskStore
 from .disk_format import read_layout, verify
 from .disk_open import DirectIOWarning, io_path
@@ -40,7 +40,7 @@ from .wrapper import WrapperStore, walk
 
 __all__ = ["FeatureStore", "ReadFuture", "TensorStore", "DiskStore", "DirectIOWarning", "ClosedError",
            "write_disk_store", "verify", "read_layout", "read_devices", "check_table", "io_path",
-           "CachedStore", "WrapperStore", "walk", "HostCache", "DeviceCache", "TieredStore", "make_policy",
+           "CachedStore", "Cache", "WrapperStore", "walk", "HostCache", "DeviceCache", "TieredStore", "make_policy",
            "POLICY_NAMES",
            "Staged", "Stats", "CacheStats", "TieredStats",
            "access_counts", "hot_order", "renumber", "join_budget", "HotRowsStore", "PartitionedStore",

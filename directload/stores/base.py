@@ -24,6 +24,7 @@ from directload.kernels.devices import HOST, read_devices
 from directload.kernels.operands import memory_span, out_of_range, overlaps
 from directload.unified import ClosedError
 
+from .futures import ReadFuture
 from .reads import as_index, deliver
 from .records import Staged, Stats
 
@@ -31,7 +32,8 @@ if TYPE_CHECKING:
     from .futures import ReadFuture
     from .reads import Ids
 
-__all__ = ["FeatureStore", "read_devices", "check_table", "ClosedError"]
+# ReadFuture and deliver live in .futures and .reads; they are importable from here as they were before.
+__all__ = ["FeatureStore", "read_devices", "check_table", "ClosedError", "ReadFuture", "deliver"]
 
 
 def check_table(what: str, table: object) -> None:

@@ -31,6 +31,7 @@ from directload.units import check_bytes
 
 from . import warming as _warming_rounds
 from .cache_counters import CacheCounters
+from .policies import POLICY_NAMES, make_policy
 from .readahead import Worker
 from .readers import ReaderPool
 from .reads import as_index, deliver
@@ -46,7 +47,8 @@ if TYPE_CHECKING:
     from .reads import Ids
     from .records import CacheStats
 
-__all__ = ["CachedStore", "HostCache", "DeviceCache"]
+# Cache, make_policy and POLICY_NAMES: the names this module gave before the caches were split (kept for callers).
+__all__ = ["CachedStore", "HostCache", "DeviceCache", "Cache", "make_policy", "POLICY_NAMES"]
 
 # The read-ahead reads at most this much between checks for demand.  Measured on synth-ooc's first epoch:
 # 4 MiB chunks read 40% fewer rows ahead than 16 MiB (more per-chunk overhead, so demand reads caught up);
@@ -350,6 +352,10 @@ class CachedStore(WrapperStore):
         state = ", closed" if self._closed else ""
         return (f"{type(self).__name__}({self.fallback!r}, capacity_rows={self.capacity_rows}, "
                 f"staging_rows={self.staging_rows}, policy={self.policy.name!r}{state})")
+
+
+#: The former name of :class:`CachedStore`.
+Cache = CachedStore
 
 
 class HostCache(CachedStore):

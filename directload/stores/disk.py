@@ -21,12 +21,13 @@ from . import disk_staging
 from .base import FeatureStore
 from .disk_counters import DiskCounters
 from .disk_io import read_error
-from .disk_open import check_options, io_path, make_engine, open_layout
+from .disk_open import DirectIOWarning, check_options, io_path, make_engine, open_layout
 from .futures import ReadFuture
 from .reads import deliver
 from .records import Staged
 
-__all__ = ["DiskStore"]
+# DirectIOWarning and io_path live in .disk_open; they are importable from here as they were before.
+__all__ = ["DiskStore", "DirectIOWarning", "io_path"]
 
 _POOL_BYTES = 1 << 20
 _fork_lock = threading.Lock()  # a forked child's first reads start its engine once

@@ -26,7 +26,7 @@ from directload.kernels.devices import HOST
 
 from .exchange_check import describe_table, disagreement
 from .futures import ReadFuture
-from .partitioned import check_bounds, owners
+from .partitioned import check_bounds, owners, partition_bounds
 from .reads import deliver
 from .wrapper import WrapperStore
 
@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 
     from .base import FeatureStore
 
-__all__ = ["RowExchange", "ExchangeError"]
+# partition_bounds lives in .partitioned; it is importable from here as it was before.
+__all__ = ["RowExchange", "ExchangeError", "partition_bounds"]
 
 # in a forked child: the parent's groups, never destroyed here (see RowExchange._after_fork)
 _stranded: list[dist.ProcessGroup | None] = []
