@@ -1,12 +1,10 @@
 """Caches: stores in front of a slower store, that keep the rows a policy chooses and stage the rows the
 next batches will read.
 
-A cache is three parts.  A :class:`~directload.stores.slotcache.SlotCache` says which row lives in which
-*slot*: a *cached* row, which the policy (:mod:`directload.stores.policies`) keeps, or a *staged* one, read
-ahead for a batch the loader announced (:meth:`FeatureStore.prefetch`).  A
-:class:`~directload.stores.slot_memory.SlotMemory` holds the slots, in GPU memory (:class:`DeviceCache`)
-or pinned host memory (:class:`HostCache`).  :class:`CachedStore` reads: one fused gather
-(:func:`directload.kernels.tiered.gather_tiered`) from the slots and the slower store's host staging.
+Three parts: a :class:`~directload.stores.slotcache.SlotCache` says which row is in which *slot* (*cached*,
+kept by the policy, or *staged*, read ahead for an announced batch); a
+:class:`~directload.stores.slot_memory.SlotMemory` holds the slots (GPU memory: :class:`DeviceCache`; pinned
+host memory: :class:`HostCache`); :class:`CachedStore` reads, in one fused gather from slots and staging.
 
 Look-ahead I/O (G10, SSDTrain): a thread reads each announced batch's rows into free slots, as far ahead as
 they allow; demand reads go first, and a row in a slot or in flight is never read twice (``forwarded_bytes``).
@@ -47,8 +45,7 @@ if TYPE_CHECKING:
     from .reads import Ids
     from .records import CacheStats
 
-# Cache, make_policy and POLICY_NAMES: the names this module gave before the caches were split (kept for callers).
-__all__ = ["CachedStore", "HostCache", "DeviceCache", "Cache", "make_policy", "POLICY_NAMES"]
+__all__ = ["CachedStore", "HostCache", "DeviceCache", "Cache", "make_policy", "POLICY_NAMES"]  # the last 3: old names
 
 # The read-ahead reads at most this much between checks for demand.  Measured on synth-ooc's first epoch:
 # 4 MiB chunks read 40% fewer rows ahead than 16 MiB (more per-chunk overhead, so demand reads caught up);
@@ -136,7 +133,8 @@ class CachedStore(WrapperStore):
         """This process's reader pool and read-ahead thread, started at the first use in each process."""
         if self._pid != os.getpid():
             with self._start_lock:
-                if self._pid != os.getpid() and not self._closed:
+                self.check_open()  # closed since the caller's check: ClosedError, never a read with no readers
+                if self._pid != os.getpid():
                     self._readers = ReaderPool(self.tier)
                     if self.staging_rows:
                         chunk = max(1, _CHUNK_BYTES // max(self.row_nbytes, 1))
@@ -354,10 +352,6 @@ class CachedStore(WrapperStore):
                 f"staging_rows={self.staging_rows}, policy={self.policy.name!r}{state})")
 
 
-#: The former name of :class:`CachedStore`.
-Cache = CachedStore
-
-
 class HostCache(CachedStore):
     """A cache in pinned host memory (plain memory where CUDA does not run), in front of a
     :class:`~directload.stores.DiskStore` or any store; see :class:`CachedStore`.
@@ -402,3 +396,5 @@ class DeviceCache(CachedStore):
         super().__init__(fallback, capacity_bytes, policy, staging_bytes=staging_bytes,
                          slot_memory=DeviceSlots(device))
 
+
+Cache = CachedStore  # the former name

@@ -135,8 +135,8 @@ class Query:
     ``cached``, ``staged`` and ``miss`` classify them; ``keep`` says which the policy holds after this
     access and ``evicted`` which rows it let go.  ``batch`` is the announced batch the read was matched
     to (None: not announced) and ``generation`` the cache's resizes by then.  ``forwarded`` rows came
-    from a slot staged for an earlier batch, ``waits`` counts waits for rows in flight; ``wait_s`` and
-    ``policy_s`` are the seconds those and the policy took.
+    from a slot staged for an earlier batch; ``wait_s`` and ``policy_s`` are the seconds the read waited for
+    rows in flight and the policy took.
 
     Examples
     --------
@@ -156,7 +156,6 @@ class Query:
     batch: tuple | None
     generation: int
     forwarded: int = 0
-    waits: int = 0
     wait_s: float = 0.0
     policy_s: float = 0.0
 

@@ -84,11 +84,6 @@ class SlotCache:
         self._error: BaseException | None = None
         self.closed = False
 
-    @property
-    def lock(self) -> threading.Condition:
-        """The lock (a ``threading.Condition``) every method takes; notified whenever slots change."""
-        return self._lock
-
     # ------------------------------------------------------------- reads
     def query(self, uniq: np.ndarray, on_wait: Callable[[], object] | None = None) -> Query:
         """A read of the distinct rows ``uniq`` (sorted int64) starts: wait for rows in flight (calling
@@ -100,12 +95,11 @@ class SlotCache:
             self.raise_failure()
             self._demand += 1
             try:
-                tw, waits = time.perf_counter(), 0
+                tw = time.perf_counter()
                 while True:  # rows the read-ahead (or a warm, or an admit) is filling now: wait for them
                     s = t.slot[uniq]
                     if not ((s >= 0) & (t.kind_of(s) == INFLIGHT)).any():
                         break
-                    waits += 1
                     if on_wait is not None:
                         on_wait()
                     self._lock.wait(0.05)
@@ -128,7 +122,7 @@ class SlotCache:
                 if mine is not None:
                     self._batch += 1
                 q = Query(uniq, s, (s >= 0) & (kind == CACHED), staged, s < 0, keep, evicted, mine,
-                          self._generation, forwarded, waits, wait_s, policy_s)
+                          self._generation, forwarded, wait_s, policy_s)
                 # The store reads without the lock: no one reads its misses twice, and the slots it copies
                 # out of are not reused under it.
                 t.slot[q.miss_rows] = READING

@@ -705,3 +705,18 @@ def _join_warm(cache, timeout):
     w = cache.warming
     if w is not None:
         w.join(timeout)
+
+
+def test_a_cache_closed_between_a_reads_check_and_its_first_use_raises_closed_error():
+    class ClosedAfterTheCheck(HostCache):
+        checks = 0
+
+        def check_open(self):
+            super().check_open()
+            self.checks += 1
+            if self.checks == 1:
+                self.close()  # another thread closes it right after the read's check
+
+    cache = ClosedAfterTheCheck(TensorStore(torch.zeros(10, 2)), 4 * 8, "lru")
+    with pytest.raises(ClosedError):
+        cache.read_async([1, 2])

@@ -85,14 +85,15 @@ def test_no_read_ahead_while_a_query_waits_or_once_closed():
     c = SlotCache(N, capacity=4, staging=4, policy="lru")
     c.announce(np.array([1, 2]))
     rows, slots = c.claim_ahead(1, timeout=0)  # row 1 in flight
-    done = []
-    reader = threading.Thread(target=lambda: done.append(c.query(np.array([1, 2]))))
-    reader.start()  # waits for row 1
+    done, waiting = [], threading.Event()
+    reader = threading.Thread(target=lambda: done.append(c.query(np.array([1, 2]), on_wait=waiting.set)))
+    reader.start()
     try:
-        assert c.claim_ahead(1, timeout=0.2) is None  # a query waits: demand first
+        assert waiting.wait(60)  # the query waits for row 1 (a hang guard, not a time budget)
+        assert c.claim_ahead(1, timeout=0.2) is None  # a query waits: demand first, however long we look
     finally:
         c.settle_ahead(rows, slots)
-        reader.join(10)
+        reader.join(60)
     assert done and done[0].staged.tolist() == [True, False]
     c.close()
     assert c.claim_ahead(1, timeout=0) is None and c.claim_warm(np.array([5])) is None
