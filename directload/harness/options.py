@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .train_inputs import FEATURE_MODES
+from .train_inputs import FEATURE_MODES, spec_of
 
 if TYPE_CHECKING:
     from .train_inputs import RunConfig
@@ -193,13 +193,9 @@ def _check_store(o: Any, names: Names) -> None:
     (:meth:`~directload.stores.StoreSpec.check`: sizes, policy, hot rows within the budget), its fields named
     as the options that set them.  The run's spec itself is :func:`~directload.harness.train_inputs.store_spec`
     (it needs the dataset); this one stands in for its source."""
-    from directload.stores import StoreSpec
-
     def spell(field: str) -> str:
         if field == "tiers":
             return names.eq("features", "tiered")
         return names.opt(STORE_OPTIONS.get(field, field))
 
-    StoreSpec("node-feat.npy", tiers=o.features == "tiered", gpu_bytes=o.gpu_cache, host_bytes=o.host_cache,
-              staging_bytes=o.staging, policy=o.policy, packed=o.packed, shared_hot_bytes=o.shared_hot,
-              budget_bytes=o.node_budget, partitioned=o.partitioned).check(spell)
+    spec_of(o, "node-feat.npy").check(spell)

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     #: (.importlinter, even for imports made only for the type checker), so they name it as this alias.
     RunConfig: TypeAlias = Any
 
-__all__ = ["TimedTable", "DISK_FILE", "PACKED_FILE", "FEATURE_MODES", "feature_store", "store_spec", "feature_file",
-           "disk_store", "memmap_features"]
+__all__ = ["TimedTable", "DISK_FILE", "PACKED_FILE", "FEATURE_MODES", "feature_store", "store_spec", "spec_of",
+           "feature_file", "disk_store", "memmap_features"]
 
 DISK_FILE = "disk/node-feat.npy"
 #: The disk store with its rows renumbered by hotness (``directload dataset pack``), hot rows first.
@@ -74,18 +74,25 @@ def store_spec(dataset: Dataset, cfg: RunConfig) -> StoreSpec:
     store's hottest rows once per node (``cfg.shared_hot``, named by the budget and the dataset), a host cache
     that grows into a node budget's share (``cfg.node_budget``), or this rank's share of a partitioned table
     (``cfg.partitioned``: in memory, on disk or through a host cache).  Opens nothing."""
-    from directload.stores import StoreSpec
-
     if cfg.partitioned and cfg.features == "memory":
         source: Any = dataset.feat
     else:
         source = feature_file(dataset, packed=cfg.packed)
     device = torch.device(cfg.device)
-    return StoreSpec(source, tiers=cfg.features == "tiered", gpu_bytes=0 if cfg.partitioned else cfg.gpu_cache,
-                     host_bytes=cfg.host_cache, staging_bytes=cfg.staging, policy=cfg.policy,
-                     device=device if device.type == "cuda" else None, packed=cfg.packed,
-                     shared_hot_bytes=cfg.shared_hot, shared_key=f"{cfg.budget_name}-{dataset.name}",
-                     budget_bytes=cfg.node_budget, partitioned=cfg.partitioned)
+    return spec_of(cfg, source, device=device if device.type == "cuda" else None,
+                   shared_key=f"{cfg.budget_name}-{dataset.name}",
+                   gpu_bytes=0 if cfg.partitioned else cfg.gpu_cache)  # a rank's own rows: host tiers only
+
+
+def spec_of(o: RunConfig, source: Any, **fields: Any) -> StoreSpec:
+    """The :class:`~directload.stores.StoreSpec` of a run's options ``o`` over ``source``, ``fields`` given
+    apart: the one map from the options to a spec's fields (the options' check checks it too)."""
+    from directload.stores import StoreSpec
+
+    return StoreSpec(**{"source": source, "tiers": o.features == "tiered", "gpu_bytes": o.gpu_cache,
+                        "host_bytes": o.host_cache, "staging_bytes": o.staging, "policy": o.policy,
+                        "packed": o.packed, "shared_hot_bytes": o.shared_hot, "budget_bytes": o.node_budget,
+                        "partitioned": o.partitioned, **fields})
 
 
 def feature_file(dataset: Dataset, packed: bool = False) -> Path:
