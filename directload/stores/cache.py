@@ -255,14 +255,16 @@ class CachedStore(WrapperStore):
             staged = self._stage_misses(q.miss_rows, run_device, take)
             fallback_s = time.perf_counter() - tf
             result = self._gather(q, inv, staged, out, run_device)
-            if run_device.type == "cuda":  # the gather reads slots that admit() may reuse
-                torch.cuda.current_stream(run_device).synchronize()
         except BaseException:
             self.slots.abandon(q)
             raise
-        self.slots.admit(q, staged, self._rows)
-        if self._rows.is_cuda:
-            torch.cuda.current_stream(self._rows.device).synchronize()  # the staging buffer is the next read's
+        try:
+            self.slots.admit(q, staged, self._rows)
+        finally:
+            for device in {run_device, self._rows.device}:  # one sync: the gather and the copies are done with
+                if device.type == "cuda":                   # the slots and the staging, reused from now on
+                    torch.cuda.current_stream(device).synchronize()
+            self.slots.finish(q)
         self._takes.give(take)
         self._counts.add_read(q, inv.shape[0], self.row_nbytes, self.capacity_rows)
         self._counts.add(fallback_s=fallback_s, pcie_lines=self.slot_memory.pcie_lines(staged, q.miss, inv),
@@ -270,8 +272,7 @@ class CachedStore(WrapperStore):
         return deliver(result, out, out_device)
 
     def _stage_misses(self, rows, run_device, take):
-        """The fallback's ``rows`` staged through the tier contract (mapped for a GPU gather), in the slots'
-        words."""
+        """The fallback's ``rows`` staged by the tier contract (mapped for a GPU gather), in the slots' words."""
         if not rows.size:
             return Staged(torch.empty(0, dtype=self._words.dtype), np.empty(0, np.int64))
         staged = self.fallback.stage(rows, take, mapped=run_device.type == "cuda")
@@ -280,8 +281,7 @@ class CachedStore(WrapperStore):
         return Staged(staged.flat.view(self._words.dtype), staged.offsets * self._words.ratio)
 
     def _gather(self, q, inv, staged, out, run_device):
-        """The fused gather: rows in slots from the slot table, misses from the fallback's staging, into
-        ``out`` where it lives on ``run_device``, else a new tensor there."""
+        """The fused gather from slots and staging, into ``out`` where it is on ``run_device``, else a new tensor."""
         where_u = np.where(q.slots >= 0, q.slots, 0).astype(np.int64)
         where_u[q.miss] = flat_where(staged.offsets)
         where = torch.from_numpy(where_u[inv])  # checked on the CPU, then sent to run_device without a sync

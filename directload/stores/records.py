@@ -166,5 +166,5 @@ class Query:
 
     @property
     def held(self) -> np.ndarray:
-        """The slots the read copies out of, pinned until the cache admits or abandons the read."""
+        """The slots the read copies out of, pinned until the cache finishes or abandons the read."""
         return self.slots[self.slots >= 0]

@@ -54,7 +54,7 @@ class SlotCache:
     >>> q = c.query(np.array([3, 5]))
     >>> q.miss_rows.tolist(), q.keep.tolist()
     ([3, 5], [True, True])
-    >>> c.admit(q, Staged(torch.tensor([30.0, 50.0]), np.array([0, 1])), slots)
+    >>> c.admit(q, Staged(torch.tensor([30.0, 50.0]), np.array([0, 1])), slots); c.finish(q)
     >>> slots.flatten().tolist(), c.query(np.array([5])).cached.tolist()
     ([30.0, 50.0], [True])
     """
@@ -132,7 +132,7 @@ class SlotCache:
                 self._demand -= 1
 
     def abandon(self, q: Query) -> None:
-        """A read that failed before :meth:`admit`: unpin its slots and unmark its misses."""
+        """A read that failed before :meth:`admit`: unpin its slots, unmark its misses, release its batch."""
         with self._lock:
             self._done_reading(q)
             if q.batch is not None:
@@ -143,10 +143,10 @@ class SlotCache:
         """After the read's gather: evicted rows go, rows the policy holds now change kind, and misses it keeps
         take free slots, copied in (under the lock) from ``staged`` (the read's misses, a
         :class:`~directload.stores.records.Staged` in ``into``'s words) into ``into``, the slots' memory
-        (``[slots, *row]``).  The read's pins go and its batch's staged rows are released."""
+        (``[slots, *row]``), and its batch's staged rows are released.  The slots it read stay pinned until
+        :meth:`finish` (a GPU may still be reading them): a slot evicted meanwhile is reused only after."""
         t = self.table
         with self._lock:
-            self._done_reading(q)
             evicted, keep = q.evicted, q.keep
             if q.generation != self._generation:  # resized meanwhile: the policy that answered is gone
                 evicted = evicted[~self.policy.contains(evicted)]
@@ -165,7 +165,7 @@ class SlotCache:
             if new.any():
                 # among the misses, in their order; not those a concurrent reader gave a slot meanwhile
                 miss_rows = q.miss_rows
-                picked = np.flatnonzero(new[q.miss] & (t.slot[miss_rows] == NONE))
+                picked = np.flatnonzero(new[q.miss] & (t.slot[miss_rows] < 0))  # in none, or being read
                 slots = t.claim(picked.shape[0])  # fewer only while a warm's rows are in flight
                 picked = picked[:slots.shape[0]]
                 if slots.size:
@@ -177,6 +177,12 @@ class SlotCache:
                         raise
             if q.batch is not None:
                 self._release(q.batch[1])
+            self._lock.notify_all()
+
+    def finish(self, q: Query) -> None:
+        """The read is done with its slots (its gather complete): unpin them and unmark its misses."""
+        with self._lock:
+            self._done_reading(q)
             self._lock.notify_all()
 
     def _done_reading(self, q):

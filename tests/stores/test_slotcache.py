@@ -27,6 +27,7 @@ def _read(c, memory, ids):
     got = np.where(q.slots >= 0, memory[np.maximum(q.slots, 0), 0].numpy(), -1.0)
     got[q.miss] = q.miss_rows  # what the fallback gives
     c.admit(q, _staged(q.miss_rows), memory)
+    c.finish(q)
     return uniq, got
 
 
@@ -56,6 +57,7 @@ def test_a_query_classifies_rows_and_the_admit_copies_the_kept_misses():
     q = c.query(np.array([3, 5, 9]))
     assert q.miss.all() and q.keep.sum() == 2 and q.batch is None  # a batch of three, two slots
     c.admit(q, _staged(q.miss_rows), memory)
+    c.finish(q)
     kept = c.held_rows(CACHED)
     assert kept.size == 2 and sorted(memory[:, 0].tolist()) == sorted(kept.tolist())
     q = c.query(kept)
@@ -77,6 +79,9 @@ def test_read_ahead_claims_free_slots_for_the_oldest_announced_batch_and_forward
     q = c.query(np.array([10, 11, 12]))  # the announced batch: two staged, one missing
     assert q.batch is not None and q.staged.tolist() == [True, True, False] and q.forwarded == 0
     c.admit(q, _staged(q.miss_rows), memory)
+    assert (c.table.pinned[q.held] == 1).all()  # the gather may still read them: pinned until finish
+    c.finish(q)
+    assert (c.table.pinned == 0).all()
     _held_values_are_their_rows(c, memory)
     assert c.claim_ahead(2, timeout=0) is None  # nothing announced is left
 
@@ -142,3 +147,17 @@ def test_a_policy_object_cannot_be_resized_and_a_failure_is_raised_by_every_late
 def test_a_room_smaller_than_the_capacity_is_refused():
     with pytest.raises(ValueError, match="less than the capacity"):
         SlotCache(N, capacity=8, room=4)
+
+
+def test_a_slot_evicted_while_its_reader_still_gathers_is_reused_only_after_finish():
+    c = SlotCache(N, capacity=1, policy="lru")
+    memory = torch.full((1, 1), -7.0, dtype=torch.float64)
+    _read(c, memory, [3])  # row 3 cached in the only slot
+    first = c.query(np.array([3]))  # a reader copies out of that slot ...
+    second = c.query(np.array([9]))  # ... while another's miss evicts row 3
+    c.admit(second, _staged(second.miss_rows), memory)
+    assert memory[0, 0].item() == 3.0 and c.table.free_count == 0  # not reused under the first reader
+    c.admit(first, _staged(first.miss_rows), memory)
+    c.finish(first)
+    c.finish(second)
+    assert c.problems() == [] and (c.table.pinned == 0).all()
