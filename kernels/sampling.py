@@ -14,9 +14,19 @@ Streams
     ``node_stream(key, hop, node) = mix(mix(key + (hop + 1) * GOLDEN) ^ node)``
     ``draw(stream, n)              = mix(stream + (n + 1) * GOLDEN)``
 
-    where ``mix`` is splitmix64's finaliser.  A uniform integer below ``m``
-    (``m < 2**32``) is ``((x >> 32) * m) >> 32``; a uniform real in ``(0, 1]``
-    is ``((x >> 11) + 1) * 2**-53``.
+    where ``mix`` is splitmix64's finaliser.  A uniform real in ``(0, 1]`` is
+    ``((x >> 11) + 1) * 2**-53``.  A uniform integer below ``m`` (``1 <= m <
+    2**63``) is Lemire's multiply-high on the whole draw, exact for every
+    ``m``: ``x * m`` as 128 bits (``mulhi64``, from 32-bit halves), its high
+    64 bits, unless its low 64 bits fall below ``(2**64 - m) % m``; then the
+    draw is rejected and redrawn from the same slot, ``x = mix(x + GOLDEN)``,
+    until one is kept (a rejection has probability below ``m / 2**64``).
+
+In-degrees
+    Below ``MAX_DEGREE = 2**62`` (:func:`check_csc`'s code 5).  The draws are
+    exact up to ``2**63``; the bound keeps every position the kernels form
+    inside int64 with room, including a fanout ``-1`` hop's edge positions,
+    which ``sample.cu`` claims as ``q - 2**62``.
 
 Picks for one node of in-degree ``d`` with fanout ``k`` (``k < 0``: all)
     - uniform, without replacement: all ``d`` edges in order when ``k >= d``;
@@ -30,13 +40,25 @@ Picks for one node of in-degree ``d`` with fanout ``k`` (``k < 0``: all)
       ``k < 0`` takes every edge once, with replacement or not;
     - weighted, without replacement: Efraimidis-Spirakis, the ``k`` smallest
       keys ``-log(u) / w`` among edges of positive weight, smallest first
-      (successive sampling proportional to the weights, as ``torch.multinomial``);
+      (successive sampling proportional to the weights, as
+      ``torch.multinomial``); where a positive weight of the node lies outside
+      ``[RATIO_MIN, RATIO_MAX] = [1e-280, 1e280]``, their logs
+      ``log(-log(u)) - log(w)`` instead (the same order; ``-log(u) / w``
+      would overflow for subnormal ``w``);
     - weighted, with replacement: ``k`` inverse-CDF draws over the positive
-      weights, summed in edge order.
+      weights, each times ``2**s``, summed in edge order: ``s`` brings the
+      node's largest weight into ``[0.5, 1)`` (``frexp``), applied as
+      ``w * 2**min(s, 1023) * 2**(s - min(s, 1023))``, which rounds once, so
+      the total stays below ``d`` (no overflow at ``1e308``) and subnormal
+      weights keep their ratios.
+
+    Weights are float32 or float64, finite and ``>= 0``, of any magnitude,
+    computed in float64.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import numpy as np
@@ -45,8 +67,9 @@ from numba import njit, prange, uint64
 from . import forks
 from .cpu import prefetch
 
-__all__ = ["GOLDEN", "SMALL_MAX", "FLOYD_MAX", "mix", "node_stream", "draw", "below", "unit", "pick_count", "pick",
-           "sample_hop", "sample_batch", "place_seeds", "relabel", "reset_marks", "check_csc"]
+__all__ = ["GOLDEN", "SMALL_MAX", "FLOYD_MAX", "MAX_DEGREE", "RATIO_MIN", "RATIO_MAX", "mix", "node_stream", "draw",
+           "mulhi64", "below", "unit", "pick_count", "pick", "sample_hop", "sample_batch", "place_seeds", "relabel",
+           "reset_marks", "check_csc"]
 
 #: The golden-ratio increment of splitmix64.
 GOLDEN = 0x9E3779B97F4A7C15
@@ -60,12 +83,20 @@ PREFETCH_NODES = 16
 PREFETCH_LINES = 4
 #: Above it, fanouts up to this use Floyd's algorithm (O(k^2) compares, k draws); larger ones a reservoir (d - k draws).
 FLOYD_MAX = 64
+#: Weighted picks without replacement compare -log(u) / w where every positive weight of a node lies in
+#: [RATIO_MIN, RATIO_MAX] (one log an edge), their logs otherwise (three): the same order, no overflow.
+RATIO_MIN = 1e-280
+RATIO_MAX = 1e280
+#: In-degrees must stay below this (:func:`check_csc`'s code 5); see the module docstring.
+MAX_DEGREE = 2**62
 
 _G = uint64(GOLDEN)
 _M1 = uint64(0xBF58476D1CE4E5B9)
 _M2 = uint64(0x94D049BB133111EB)
 _S30, _S27, _S31, _S32, _S11 = uint64(30), uint64(27), uint64(31), uint64(32), uint64(11)
 _ONE = uint64(1)
+_ZERO = uint64(0)
+_LO32 = uint64(0xFFFFFFFF)
 
 
 @njit(inline="always", cache=True)
@@ -90,9 +121,38 @@ def draw(stream: int, n: int) -> int:
 
 
 @njit(inline="always", cache=True)
+def mulhi64(a: int, b: int) -> int:
+    """The high 64 bits of the 128-bit product of two uint64s, from their 32-bit halves (as sample.cu's).
+
+    >>> int(mulhi64(np.uint64(2**63), 6)), int(mulhi64(np.uint64(2**64 - 1), np.uint64(2**64 - 1))) == 2**64 - 2
+    (3, True)
+    """
+    a, b = uint64(a), uint64(b)
+    a0, a1 = a & _LO32, a >> _S32
+    b0, b1 = b & _LO32, b >> _S32
+    p01, p10 = a0 * b1, a1 * b0
+    mid = ((a0 * b0) >> _S32) + (p01 & _LO32) + (p10 & _LO32)  # below 3 * 2**32: no carry lost
+    return a1 * b1 + (p01 >> _S32) + (p10 >> _S32) + (mid >> _S32)
+
+
+@njit(inline="always", cache=True)
 def below(x: int, m: int) -> np.int64:
-    """A uniform integer in ``[0, m)`` from a 64-bit draw (``m < 2**32``)."""
-    return np.int64(((uint64(x) >> _S32) * uint64(m)) >> _S32)
+    """A uniform integer in ``[0, m)`` from a 64-bit draw, exact for ``1 <= m < 2**63``.
+
+    Lemire's method (ACM TOMACS 29(1), 2019, https://arxiv.org/abs/1805.10941): the high half of ``x * m``,
+    redrawing ``x = mix(x + GOLDEN)`` while the low half is below ``2**64 mod m``.
+
+    >>> int(below(np.uint64(2**63 + 1), 3 * 2**30))  # the middle of the draws: the middle of [0, m)
+    1610612736
+    >>> int(below(np.uint64(0), 3))  # 0 * 3 has a low half of 0, below 2**64 mod 3 = 1: redrawn from the slot
+    2
+    """
+    x, um = uint64(x), uint64(m)
+    if x * um < um:  # only then can the low half be below 2**64 mod m (< m): the rare, slow path
+        t = (_ZERO - um) % um
+        while x * um < t:
+            x = mix(x + _G)
+    return np.int64(mulhi64(x, um))
 
 
 @njit(inline="always", cache=True)
@@ -156,14 +216,29 @@ def _reservoir(stream, d, k, out, off):
 
 
 @njit(inline="always", cache=True)
+def _ratio_keys(w, lo, d):
+    # Whether every positive weight of the node lies in [RATIO_MIN, RATIO_MAX], where -log(u) / w is finite and
+    # normal (-log(u) is at most 36.8): the keys then need one log, not three.
+    for j in range(d):
+        wj = np.float64(w[lo + j])
+        if wj > 0.0 and (wj < RATIO_MIN or wj > RATIO_MAX):
+            return False
+    return True
+
+
+@njit(inline="always", cache=True)
 def _weighted(stream, w, lo, d, k, out, keys, off):
-    # The k smallest keys -log(u)/w, kept sorted by insertion; zero weights never enter.
+    # The k smallest keys -log(u) / w, kept sorted by insertion; zero weights never enter.  Where a weight of the
+    # node lies outside [RATIO_MIN, RATIO_MAX], their logs log(-log(u)) - log(w) (the same order: -log(u)/w is inf
+    # for w = 5e-324, and equal infinite keys all tie).
+    ratio = _ratio_keys(w, lo, d)
     n = 0
     for j in range(d):
-        wj = w[lo + j]
+        wj = np.float64(w[lo + j])
         if not wj > 0.0:
             continue
-        e = -np.log(unit(draw(stream, j))) / wj
+        g = -np.log(unit(draw(stream, j)))
+        e = g / wj if ratio else np.log(g) - np.log(wj)
         if n == k and e >= keys[off + n - 1]:
             continue
         q = n if n < k else k - 1
@@ -178,12 +253,27 @@ def _weighted(stream, w, lo, d, k, out, keys, off):
 
 
 @njit(inline="always", cache=True)
+def _scale(w, lo, d):
+    # Two powers of two whose product 2**s brings the largest weight into [0.5, 1); w * s1 * s2 rounds once (the
+    # first product is exact whenever s2 is not 1: every weight is then below 2**-1023).
+    top = 0.0
+    for j in range(d):
+        if np.float64(w[lo + j]) > top:
+            top = np.float64(w[lo + j])
+    s = -math.frexp(top)[1]
+    first = min(s, 1023)
+    return math.ldexp(1.0, first), math.ldexp(1.0, s - first)
+
+
+@njit(inline="always", cache=True)
 def _weighted_replace(stream, w, lo, d, k, out, off):
+    # Inverse CDF over the weights scaled by 2**s: the total stays below d and subnormal weights keep their ratios.
+    s1, s2 = _scale(w, lo, d)
     total = 0.0
     last = 0
     for j in range(d):
         if w[lo + j] > 0.0:
-            total += w[lo + j]
+            total += np.float64(w[lo + j]) * s1 * s2
             last = j
     for n in range(k):
         target = unit(draw(stream, n)) * total
@@ -191,7 +281,7 @@ def _weighted_replace(stream, w, lo, d, k, out, off):
         pick_j = last
         for j in range(d):
             if w[lo + j] > 0.0:
-                acc += w[lo + j]
+                acc += np.float64(w[lo + j]) * s1 * s2
                 if target <= acc:
                     pick_j = j
                     break
@@ -384,7 +474,7 @@ def check_csc(indptr: np.ndarray, num_edges: int, indices: np.ndarray, num_src: 
 
     Codes: 1 ``indptr[0] != 0``; 2 decreasing ``indptr`` (at position ``pos``);
     3 ``indptr[-1] != len(indices)``; 4 an index outside ``[0, num_src)``;
-    5 an in-degree of ``2**32`` or more (:func:`below` draws below ``2**32``).
+    5 an in-degree of :data:`MAX_DEGREE` (``2**62``) or more.
     Returns ``(code, position)``.
     """
     if indptr[0] != 0:
@@ -392,7 +482,7 @@ def check_csc(indptr: np.ndarray, num_edges: int, indices: np.ndarray, num_src: 
     for i in range(indptr.shape[0] - 1):
         if indptr[i + 1] < indptr[i]:
             return 2, i
-        if np.int64(indptr[i + 1]) - np.int64(indptr[i]) >= np.int64(4294967296):
+        if np.int64(indptr[i + 1]) - np.int64(indptr[i]) >= np.int64(MAX_DEGREE):
             return 5, i
     if indptr[indptr.shape[0] - 1] != num_edges:
         return 3, indptr.shape[0] - 1

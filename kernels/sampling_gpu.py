@@ -2,7 +2,8 @@
 
 :func:`sample_hop` and :func:`sample_batch` give what ``kernels.sampling``'s functions of the same names give, on
 torch CUDA tensors: the same key, the same picks, bit for bit.  The one exception is documented in sample.cu:
-weighted picks compare ``-log(u) / w``, and CUDA's ``log`` may differ from the CPU's in the last ulp.
+weighted picks without replacement compare keys built with ``log`` (``-log(u) / w``, or its log), and CUDA's
+``log`` may differ from the CPU's in the last ulp.
 
 The drivers :func:`run_hop` and :func:`run_batch` hold the whole host side (buffers, scans, the relabelling's
 order of launches) over a *launcher*, an object with ``launch(kernel, types, threads, args)`` and

@@ -1,8 +1,14 @@
 // Neighbour sampling kernels for directload: the GPU twin of kernels/sampling.py (its module docstring is the
 // spec of the random streams and the picks).  The device functions below mirror that file line for line, so the
-// same key gives the same picks on either device.  The one allowed difference: a weighted pick compares keys
-// -log(u) / w, and CUDA's log may differ from the CPU's libm in the last ulp (CUDA C++ Programming Guide,
-// "Mathematical Functions": log has 1 ulp of maximum error), which can swap two near-equal keys.
+// same key gives the same picks on either device: integer draws are exact integer arithmetic (Lemire's
+// multiply-high, the high half from 32-bit halves, with its rejection), and the weighted paths' scaling by powers
+// of two (frexp, ldexp) is exact on both.  The one allowed difference: a weighted pick without replacement
+// compares keys built with log (-log(u) / w, or its log), and CUDA's log may differ from the CPU's libm in the last ulp (CUDA C++
+// Programming Guide, "Mathematical Functions": log has 1 ulp of maximum error), which can swap two near-equal
+// keys.  NVRTC compiles with --fmad=false, so no product is fused into a sum as the CPU never does.
+//
+// In-degrees are below 2^62 (kernels/sampling.MAX_DEGREE): the draws are exact up to 2^63, and one node's edges
+// alone (a fanout -1 hop) never reach position DLS_CLAIM, where a claim q - DLS_CLAIM would turn non-negative.
 //
 //  - sample_counts<P, W>: how many edges each frontier node gives;
 //  - sample_picks<P, I, E, W>: the picks, their neighbours, edge ids and (optionally) target local ids;
@@ -31,6 +37,8 @@
 #define DLS_SMALL_MAX 64
 #define DLS_FLOYD_MAX 64
 #define DLS_CLAIM (1ll << 62)
+#define DLS_RATIO_MIN 1e-280
+#define DLS_RATIO_MAX 1e280
 
 typedef unsigned long long dls_u64;
 
@@ -53,9 +61,24 @@ __device__ __forceinline__ dls_u64 dls_draw(dls_u64 stream, long long n) {
     return dls_mix(stream + ((dls_u64)n + 1ull) * DLS_GOLDEN);
 }
 
-// A uniform integer in [0, m) from a 64-bit draw (m < 2^32).
+// The high 64 bits of the 128-bit product a * b, from 32-bit halves (as kernels/sampling.mulhi64).
+__device__ __forceinline__ dls_u64 dls_mulhi64(dls_u64 a, dls_u64 b) {
+    const dls_u64 a0 = a & 0xFFFFFFFFull, a1 = a >> 32;
+    const dls_u64 b0 = b & 0xFFFFFFFFull, b1 = b >> 32;
+    const dls_u64 p01 = a0 * b1, p10 = a1 * b0;
+    const dls_u64 mid = ((a0 * b0) >> 32) + (p01 & 0xFFFFFFFFull) + (p10 & 0xFFFFFFFFull);
+    return a1 * b1 + (p01 >> 32) + (p10 >> 32) + (mid >> 32);
+}
+
+// A uniform integer in [0, m) from a 64-bit draw, exact for 1 <= m < 2^63: Lemire's method (ACM TOMACS 29(1),
+// 2019, https://arxiv.org/abs/1805.10941), redrawing x = mix(x + GOLDEN) while x * m's low half is below 2^64 mod m.
 __device__ __forceinline__ long long dls_below(dls_u64 x, long long m) {
-    return (long long)(((x >> 32) * (dls_u64)m) >> 32);
+    const dls_u64 um = (dls_u64)m;
+    if (x * um < um) {  // only then can the low half be below 2^64 mod m (< m): the rare, slow path
+        const dls_u64 t = (0ull - um) % um;
+        while (x * um < t) x = dls_mix(x + DLS_GOLDEN);
+    }
+    return (long long)dls_mulhi64(x, um);
 }
 
 // A uniform real in (0, 1] from a 64-bit draw.
@@ -112,15 +135,30 @@ __device__ __forceinline__ void dls_reservoir(dls_u64 stream, long long d, long 
     }
 }
 
-// The k smallest keys -log(u)/w, kept sorted by insertion; zero weights never enter.
+// Whether every positive weight of the node lies in [DLS_RATIO_MIN, DLS_RATIO_MAX], where -log(u) / w is finite
+// and normal (-log(u) is at most 36.8): the keys then need one log, not three.
+template <typename W>
+__device__ __forceinline__ bool dls_ratio_keys(const W* w, long long d) {
+    for (long long j = 0; j < d; ++j) {
+        const double wj = (double)w[j];
+        if (wj > 0.0 && (wj < DLS_RATIO_MIN || wj > DLS_RATIO_MAX)) return false;
+    }
+    return true;
+}
+
+// The k smallest keys -log(u) / w, kept sorted by insertion; zero weights never enter.  Where a weight of the node
+// lies outside [DLS_RATIO_MIN, DLS_RATIO_MAX], their logs log(-log(u)) - log(w) (the same order: -log(u)/w is inf
+// for w = 5e-324, and equal infinite keys all tie).
 template <typename W>
 __device__ __forceinline__ void dls_weighted(dls_u64 stream, const W* w, long long d, long long k, long long* out,
                                              double* keys) {
+    const bool ratio = dls_ratio_keys(w, d);
     long long n = 0;
     for (long long j = 0; j < d; ++j) {
         const double wj = (double)w[j];
         if (!(wj > 0.0)) continue;
-        const double e = -log(dls_unit(dls_draw(stream, j))) / wj;
+        const double g = -log(dls_unit(dls_draw(stream, j)));
+        const double e = ratio ? g / wj : log(g) - log(wj);
         if (n == k && e >= keys[n - 1]) continue;
         long long q = n < k ? n : k - 1;
         while (q > 0 && keys[q - 1] > e) {
@@ -134,14 +172,33 @@ __device__ __forceinline__ void dls_weighted(dls_u64 stream, const W* w, long lo
     }
 }
 
+// Two powers of two whose product 2^s brings the largest weight into [0.5, 1); w * s1 * s2 rounds once (the first
+// product is exact whenever s2 is not 1: every weight is then below 2^-1023).
+template <typename W>
+__device__ __forceinline__ void dls_scale(const W* w, long long d, double* s1, double* s2) {
+    double top = 0.0;
+    for (long long j = 0; j < d; ++j) {
+        if ((double)w[j] > top) top = (double)w[j];
+    }
+    int e;
+    frexp(top, &e);
+    const int s = -e;
+    const int first = s < 1023 ? s : 1023;
+    *s1 = ldexp(1.0, first);
+    *s2 = ldexp(1.0, s - first);
+}
+
+// Inverse CDF over the weights scaled by 2^s: the total stays below d and subnormal weights keep their ratios.
 template <typename W>
 __device__ __forceinline__ void dls_weighted_replace(dls_u64 stream, const W* w, long long d, long long k,
                                                      long long* out) {
+    double s1, s2;
+    dls_scale(w, d, &s1, &s2);
     double total = 0.0;
     long long last = 0;
     for (long long j = 0; j < d; ++j) {
         if ((double)w[j] > 0.0) {
-            total += (double)w[j];
+            total += (double)w[j] * s1 * s2;
             last = j;
         }
     }
@@ -151,7 +208,7 @@ __device__ __forceinline__ void dls_weighted_replace(dls_u64 stream, const W* w,
         long long pick_j = last;
         for (long long j = 0; j < d; ++j) {
             if ((double)w[j] > 0.0) {
-                acc += (double)w[j];
+                acc += (double)w[j] * s1 * s2;
                 if (target <= acc) {
                     pick_j = j;
                     break;

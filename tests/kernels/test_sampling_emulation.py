@@ -75,6 +75,33 @@ def test_hop_matches_the_cpu_twin(types, replace, weights, eids, rng):
             _same(want, got)
 
 
+#: Weights at the ends of each type's range (the least subnormal, the least normal, tiny, huge, the largest) and
+#: ordinary ones.
+EXTREME_WEIGHTS = {
+    np.float64: [5e-324, 1e-323, 2.2250738585072014e-308, 1e-300, 0.5, 1.0, 3.4028234663852886e38, 1e308,
+                 1.7976931348623157e308],
+    np.float32: [1e-45, 1.1754944e-38, 1e-30, 0.5, 1.0, 3.4028235e38],
+}
+
+
+@pytest.mark.parametrize("replace", [False, True], ids=["distinct", "replace"])
+@pytest.mark.parametrize("dtype", EXTREME_WEIGHTS, ids=lambda t: t.__name__)
+def test_extreme_weights_match_the_cpu_twin(dtype, replace, rng):
+    """Subnormal, huge and mixed weights, and nodes of one extreme weight throughout: the same picks (the log
+    keys and the power-of-two scaling round alike on both)."""
+    degrees = np.array(DEGREES * 3)
+    indptr, indices = _graph(rng, degrees, len(degrees))
+    values = np.array([*EXTREME_WEIGHTS[dtype], 0.0], dtype)
+    w = rng.choice(values, indices.shape[0])
+    for v in range(0, len(degrees), 3):  # every third node: all its weights equal, each extreme in turn
+        w[indptr[v]:indptr[v + 1]] = values[v // 3 % (len(values) - 1)]
+    frontier = rng.permutation(len(degrees))
+    for fanout in FANOUTS:
+        for key, hop in ((7, 0), (2**64 - 1, 3)):
+            want = cpu.sample_hop(indptr, indices, None, w, frontier, fanout, replace, key, hop)
+            _same(want, emu.sample_hop(indptr, indices, None, w, frontier, fanout, replace, key, hop))
+
+
 def test_hop_of_an_empty_frontier(rng):
     indptr, indices = _graph(rng, [3, 0, 2], 3)
     frontier = np.empty(0, np.int64)
