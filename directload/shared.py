@@ -72,7 +72,7 @@ if TYPE_CHECKING:
     #: What a shared table's rows may come from: a CPU tensor or array, or a ``.npy`` file.
     _Rows: TypeAlias = torch.Tensor | np.ndarray | os.PathLike[str] | str
 
-__all__ = ["shared_table", "SharedTableError", "SharedTableTimeout", "SHM_DIR", "PREFIX"]
+__all__ = ["shared_table", "check_key", "SharedTableError", "SharedTableTimeout", "SHM_DIR", "PREFIX"]
 
 #: The start of every name this module creates in :data:`SHM_DIR` (nothing else there is touched).
 PREFIX = shm.PREFIX + "shared-"
@@ -189,7 +189,7 @@ def shared_table(key: str, source: _Rows | Callable[[], _Rows] | None = None, *,
     >>> t[torch.tensor([2])].tolist(), left
     ([[4.0, 5.0]], [])
     """
-    key = _check_key(key)
+    key = check_key(key)
     if ranks is None and os.environ.get("LOCAL_WORLD_SIZE", "").isdigit():
         ranks = int(os.environ["LOCAL_WORLD_SIZE"])
     if ranks is not None:
@@ -230,7 +230,20 @@ def sweep(directory: os.PathLike[str] | str = SHM_DIR) -> list[str]:
     return shm.sweep(directory, PREFIX, ours=_sweepable, owner_alive=_writer_alive)
 
 
-def _check_key(key):
+def check_key(key: str) -> str:
+    """``key`` when a shared table may be named by it: a str of 1-200 letters, digits, ``_``, ``.`` or ``-``
+    starting with a letter or a digit, not a writer's ``.partial`` name; else TypeError (not a str) or
+    ValueError.
+
+    >>> check_key("feat.v2")
+    'feat.v2'
+    >>> check_key(5)
+    Traceback (most recent call last):
+    ...
+    TypeError: key must be a str, got int 5
+    """
+    if not isinstance(key, str):
+        raise TypeError(f"key must be a str, got {type(key).__name__} {key!r}")
     if not shm.valid_name(key, 200) or key.endswith(".partial") or ".partial." in key:
         raise ValueError(f"key must be 1-200 letters, digits, '_', '.' or '-' (starting with a letter or digit), "
                          f"got {key!r}")

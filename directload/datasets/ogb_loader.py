@@ -146,7 +146,10 @@ class Dataset:
         Built once from ``edge_index`` and kept in the dataset's directory
         (``csc/``, memory-mapped on later loads, checked against a CRC of
         ``edge_index`` so a regenerated dataset is rebuilt), or only in memory
-        where the directory is read-only.
+        where the directory is read-only.  A kept graph that
+        :meth:`CSCGraph.load <directload.graph.CSCGraph.load>` refuses for any
+        reason (damaged, another dataset's, another version's) is rebuilt and
+        saved again, with one warning per dataset directory naming why.
         """
         if self._csc is None:
             from directload.graph import CSCGraph
@@ -157,18 +160,38 @@ class Dataset:
             where = self.path / "csc"
             try:
                 g = CSCGraph.load(where, affinity=affinity, source=source)
-            except (OSError, ValueError, TypeError):  # none yet, another dataset's, or damaged (GraphError too)
-                g = CSCGraph.from_edge_index(self.edge_index, self.num_nodes)
-                with contextlib.suppress(OSError):
-                    g.save(where, source=source)
+            except FileNotFoundError:  # none kept yet
+                g = self._build_csc(where, source)
+            except Exception as exc:  # a cache: whatever is wrong with it, the edges rebuild it (the warning says what)
+                _warn_once(where, f"{where}: the kept graph is refused ({type(exc).__name__}: {exc}); rebuilding "
+                                  "it from edge_index")
+                g = self._build_csc(where, source)
             self._csc = g
         return self._csc
+
+    def _build_csc(self, where, source):
+        from directload.graph import CSCGraph
+
+        g = CSCGraph.from_edge_index(self.edge_index, self.num_nodes)
+        with contextlib.suppress(OSError):  # a read-only directory: kept in memory only
+            g.save(where, source=source)  # each file atomically, graph.json last
+        return g
 
     def to_pyg(self) -> torch_geometric.data.Data:
         """A ``torch_geometric.data.Data`` with ``x`` (the unified tensor), ``y`` and ``edge_index``.
         Needs PyG."""
         pyg_data = require("torch_geometric.data")
         return pyg_data.Data(x=self.feat, y=self.labels, edge_index=self.edge_index, num_nodes=self.num_nodes)
+
+
+_WARNED: set[Path] = set()  # the csc/ directories whose kept graph was refused, so warned about once
+
+
+def _warn_once(where, message):
+    where = where.resolve()
+    if where not in _WARNED:
+        _WARNED.add(where)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def ogb_meta_dict(path: os.PathLike[str] | str, num_classes: int) -> dict[str, str | int]:
