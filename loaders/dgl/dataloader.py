@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from collections.abc import Mapping
@@ -110,17 +111,53 @@ def check_indices(graph: object, indices: object, sampler: object) -> None:
                                  f"(valid 0..{n - 1})")
 
 
+#: What a class may define without changing how a DGL NeighborSampler samples: its ``__init__`` only sets
+#: attributes, which :func:`_customised` checks one by one.
+_BENIGN = frozenset({"__module__", "__qualname__", "__doc__", "__dict__", "__weakref__", "__annotations__",
+                     "__firstlineno__", "__static_attributes__", "__init__"})
+
+
+@functools.cache
+def _dgl_attributes():
+    """The attributes a DGL ``NeighborSampler`` has (those :meth:`NeighborSampler.from_dgl` carries and DGL's
+    caches of the last graph)."""
+    return frozenset(vars(dgl.dataloading.NeighborSampler([1])))
+
+
+def _dgls_own(cls):
+    return cls is object or cls.__module__ == "dgl" or cls.__module__.startswith("dgl.")
+
+
+def _customised(graph_sampler):
+    """``"MySampler overrides sample_blocks and sets attribute k"``: what user code changes in a DGL sampler
+    (every name its own classes define, but ``__init__``; attributes a DGL ``NeighborSampler`` lacks); None
+    for DGL's own classes with DGL's attributes."""
+    cls = type(graph_sampler)
+    methods = dict.fromkeys(name for c in cls.__mro__ if not _dgls_own(c) for name in vars(c) if name not in _BENIGN)
+    attributes = []
+    if isinstance(graph_sampler, dgl.dataloading.NeighborSampler):
+        attributes = [name for name in vars(graph_sampler) if name not in _dgl_attributes()]
+    parts = [f"overrides {', '.join(methods)}"] if methods else []
+    if attributes:
+        parts.append(f"sets attribute{'s' * (len(attributes) > 1)} {', '.join(attributes)}")
+    return f"{cls.__name__} {' and '.join(parts)}" if parts else None
+
+
 def resolve_sampler(sampler: str | None, graph_sampler: dgl.dataloading.Sampler,
                     use_uva: bool = False) -> dgl.dataloading.Sampler:
     """The graph sampler a :class:`DataLoader` runs, from its ``sampler=`` and ``graph_sampler``.
 
     ``"framework"``, ``"dgl"`` or None (what Lightning passes when it rebuilds
-    a loader): ``graph_sampler`` as given.  ``"directload"``: a DGL
+    a loader): ``graph_sampler`` as given.  ``"directload"``: DGL's own
     ``NeighborSampler`` (or ``MultiLayerFullNeighborSampler``) becomes
     directload's :class:`~directload.loaders.dgl.NeighborSampler` with its
-    settings; with ``use_uva=True``, or another kind of graph sampler, the
-    one given runs, said in a one-line ``UserWarning``.  A directload
-    ``NeighborSampler`` is always kept.
+    settings.  The one given runs, said in a one-line ``UserWarning``, with
+    ``use_uva=True``, for another kind of graph sampler, and for user code:
+    a subclass that defines any method but ``__init__`` (``sample_blocks``,
+    ``sample``, ``assign_lazy_features``, ...), or a sampler with attributes
+    DGL's lacks ("MySampler overrides sample_blocks: DGL's sampler path runs;
+    directload's sampler replaces only DGL's own NeighborSampler").  A
+    directload ``NeighborSampler``, or a subclass of it, is always kept.
 
     Examples
     --------
@@ -133,10 +170,23 @@ def resolve_sampler(sampler: str | None, graph_sampler: dgl.dataloading.Sampler,
     ...     warnings.simplefilter("always")
     ...     resolve_sampler("directload", theirs, use_uva=True) is theirs, str(w[0].message)
     (True, "directload's sampler does not implement use_uva=True: DGL's own sampler runs instead")
+    >>> class Mine(dgl.dataloading.NeighborSampler):
+    ...     def sample_blocks(self, g, seed_nodes, exclude_eids=None):
+    ...         return super().sample_blocks(g, seed_nodes, exclude_eids)
+    >>> mine = Mine([5, 5])
+    >>> with warnings.catch_warnings(record=True) as w:
+    ...     warnings.simplefilter("always")
+    ...     resolve_sampler("directload", mine) is mine, str(w[0].message).split(":")[0]
+    (True, 'Mine overrides sample_blocks')
     """
     if sampler is not None and sampler not in SAMPLERS:
         raise ValueError(f"sampler must be 'framework' (or 'dgl') or 'directload', got {sampler!r}")
     if sampler != "directload" or isinstance(graph_sampler, NeighborSampler):
+        return graph_sampler
+    custom = _customised(graph_sampler)
+    if custom is not None:
+        warnings.warn(f"{custom}: DGL's sampler path runs; directload's sampler replaces only DGL's own "
+                      "NeighborSampler", UserWarning, stacklevel=3)
         return graph_sampler
     if not isinstance(graph_sampler, dgl.dataloading.NeighborSampler):
         warnings.warn(f"directload's sampler replaces DGL's NeighborSampler only, not {type(graph_sampler).__name__}"
@@ -168,10 +218,11 @@ class DataLoader(dgl.dataloading.DataLoader):
     batch, as DGL does, so ``g.ndata["h"] = y`` between layers of layer-wise
     inference is seen.
 
-    With ``sampler="directload"``, a DGL ``NeighborSampler`` given as
+    With ``sampler="directload"``, DGL's own ``NeighborSampler`` given as
     ``graph_sampler`` is replaced by directload's
     (:class:`~directload.loaders.dgl.NeighborSampler`, same settings): the
-    same distribution, not DGL's batches (:func:`resolve_sampler`);
+    same distribution, not DGL's batches; a subclass with methods of its own
+    runs as written (:func:`resolve_sampler`, with a warning);
     ``loader.graph_sampler`` is the one that runs.
 
     Parameters

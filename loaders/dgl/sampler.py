@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 import warnings
@@ -89,20 +90,21 @@ def _weights(g, et, prob, eids):
 
 
 class _Plan:
-    """directload's sampler over one DGL graph: its CSCs, and weights, read once."""
+    """directload's sampler over one DGL graph: its CSCs, and weights, read once, with what they were read from
+    (the graph's index, the weight tensors and their versions, the sampler's settings)."""
 
-    def __init__(self, g, layers, prob, replace, generator):
+    def __init__(self, g, settings):
+        fanouts, prob, replace, generator = settings
+        self.settings = (copy.deepcopy(fanouts), prob, replace, generator)  # a copy: fanouts[0] = 3 is seen
+        self.index = _index(g)
+        layers = _check_layers(fanouts)
         self.ntypes, self.etypes = list(g.ntypes), list(g.canonical_etypes)
-        fanouts = {et: f[::-1] for et, f in _per_etype(layers, g).items()}  # DGL's fanouts[0] is the input layer
+        per_etype = {et: f[::-1] for et, f in _per_etype(layers, g).items()}  # DGL's fanouts[0]: the input layer
         if prob is not None and not any(prob in g.edges[et].data for et in self.etypes):
             raise KeyError(f"prob {prob!r} is not an edge feature of the graph")
         graphs, self.sources = {}, []
         for et in self.etypes:
-            try:
-                indptr, indices, eids = g.adj_tensors("csc", et)
-            except dgl.DGLError as exc:
-                raise ValueError(f"the graph's formats {g.formats()['created']} exclude CSC; sample a graph "
-                                 "made with g.formats(['coo', 'csc']) or the default formats") from exc
+            indptr, indices, eids = g.adj_tensors("csc", et)  # _structure_unsupported: CSC is allowed
             weights = None
             if prob is not None:
                 weights, source = _weights(g, et, prob, eids)
@@ -111,10 +113,17 @@ class _Plan:
         self.homogeneous = len(self.ntypes) == 1 and len(self.etypes) == 1
         kw = dict(replace=replace, weighted=prob is not None, layout="dgl", generator=generator)
         if self.homogeneous:
-            self.sampler = _Sampler(graphs[self.etypes[0]], fanouts[self.etypes[0]], **kw)
+            self.sampler = _Sampler(graphs[self.etypes[0]], per_etype[self.etypes[0]], **kw)
         else:
-            self.sampler = HeteroNeighborSampler(graphs, {nt: g.num_nodes(nt) for nt in self.ntypes}, fanouts, **kw)
-        self.signature = _signature(g, prob)
+            self.sampler = HeteroNeighborSampler(graphs, {nt: g.num_nodes(nt) for nt in self.ntypes}, per_etype,
+                                                 **kw)
+        self.weights_read = _weights_read(g, prob)
+
+    def current(self, g, settings):
+        """Whether this plan still samples ``g`` as the sampler's ``settings`` ask: the graph's structure is the
+        one read (its index, by identity: O(1)), and so are ``prob``'s tensors and their versions."""
+        return (self.index is not None and _index(g) is self.index and self.settings == settings
+                and self.weights_read == _weights_read(g, settings[1]))
 
     def sample(self, seeds):
         """``(nodes, hops, num_sampled_nodes)`` by node and edge type, from ``{ntype: ids}``."""
@@ -126,14 +135,32 @@ class _Plan:
         return {nt: b.nodes}, [{et: hop} for hop in b.hops], {nt: b.num_sampled_nodes}
 
 
-def _signature(g, prob):
-    """What a plan depends on: node and edge counts, and which weight tensor (and version) it read."""
-    features = ()
-    if prob is not None:
-        features = tuple((id(t), t._version) if t is not None else None
-                         for t in (g.edges[et].data.get(prob) for et in g.canonical_etypes))
-    return (tuple(g.num_nodes(nt) for nt in g.ntypes), tuple(g.num_edges(et) for et in g.canonical_etypes),
-            features)
+def _index(g):
+    """DGL's index of ``g``'s structure, or None.  DGL never changes an index in place (its own mutators raise
+    "not mutable"): ``add_nodes``, ``add_edges``, ``remove_nodes`` and ``remove_edges`` each give the graph a
+    new one (``self._graph = ...`` in dgl/heterograph.py, DGL 2.1), so a plan that holds the index it read
+    (its id then cannot be reused) knows by identity whether the graph changed since."""
+    return getattr(g, "_graph", None)
+
+
+def _weights_read(g, prob):
+    """Which weight tensor of each edge type (and its version: in-place writes bump it) a plan reads; the plan
+    holds the tensors (:attr:`_Plan.sources`), so their ids stay theirs."""
+    if prob is None:
+        return ()
+    return tuple((id(t), t._version) if t is not None else None
+                 for t in (g.edges[et].data.get(prob) for et in g.canonical_etypes))
+
+
+def _structure_unsupported(g):
+    """Why directload cannot sample ``g``'s structure (None: it can): a block, or formats without CSC.  Asked
+    only when a plan is built (``g.formats()`` costs ~20 us, a batch's checks well under one)."""
+    if g.is_block:
+        return "blocks as the graph"
+    formats = g.formats()
+    if "csc" not in formats["created"] + formats["not created"]:
+        return f"graphs whose formats {formats['created']} exclude CSC"
+    return None
 
 
 def _csc(row, col, n_dst, idtype):
@@ -186,17 +213,23 @@ class NeighborSampler(BlockSampler):
     the CPU and returned on ``output_device``, else the seeds' device.
 
     The graph's CSC (``g.adj_tensors("csc")``), and the weights, are read once
-    per graph and kept while the graph lives; they are read again when its
-    node or edge counts change, or ``prob``'s tensor is replaced or written
-    in place.  Each batch's random key comes from torch's default generator
-    (``torch.manual_seed`` fixes the batches) unless ``generator`` is given,
-    and the picks do not depend on Numba's thread count.
+    per graph and kept while the graph lives.  They are read again after any
+    change to the graph's structure (``add_nodes``, ``add_edges``,
+    ``remove_nodes``, ``remove_edges``, on any relation: each gives the graph
+    a new DGL graph index, compared by identity at every batch), when
+    ``prob``'s tensor is replaced or written in place, and when ``fanouts``,
+    ``prob``, ``replace`` or ``generator`` is set anew.  Each batch's random
+    key comes from torch's default generator (``torch.manual_seed`` fixes the
+    batches) unless ``generator`` is given, and the picks do not depend on
+    Numba's thread count.
 
     What directload does not implement (``edge_dir="out"``, ``exclude_eids``
     from an edge-wise loader's ``exclude=``, a graph in GPU memory, a graph
-    that is not a ``DGLGraph``) is sampled by DGL's own ``NeighborSampler``
-    with the same arguments, said once per sampler and reason in a one-line
-    ``UserWarning``.
+    that is not a ``DGLGraph``, a block, formats without CSC) is sampled by
+    DGL's own ``NeighborSampler.sample_blocks`` over this sampler's settings
+    (``fused`` and all), said once per sampler and reason in a one-line
+    ``UserWarning``.  A subclass that overrides ``sample_blocks`` runs as
+    written.
 
     Parameters
     ----------
@@ -246,15 +279,16 @@ output_device, fused
             raise ValueError(f"edge_dir must be 'in' or 'out', got {edge_dir!r}")
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-        # DGL's own, with the same arguments, for what directload does not implement; it checks prob and mask
-        self._dgl = dgl.dataloading.NeighborSampler(fanouts, edge_dir=edge_dir, prob=prob, mask=mask,
-                                                    replace=replace, output_device=output_device, fused=fused)
         super().__init__(prefetch_node_feats=prefetch_node_feats, prefetch_labels=prefetch_labels,
                          prefetch_edge_feats=prefetch_edge_feats, output_device=output_device)
-        self.fanouts, self.edge_dir, self.replace, self.fused = fanouts, edge_dir, bool(replace), fused
-        self.prob = prob or mask  # DGL's attribute: a mask is a 0/1 weight
+        # Every attribute DGL's NeighborSampler has, as its constructor sets them (it checks prob and mask; a
+        # mask is its prob of 0/1): DGL's sample_blocks runs over this sampler for what directload does not
+        # implement (_dgl_sample_blocks), reading the settings as they are at that batch.
+        self.__dict__.update(vars(dgl.dataloading.NeighborSampler(
+            fanouts if isinstance(fanouts, Sequence) else layers, edge_dir=edge_dir, prob=prob, mask=mask,
+            replace=replace, prefetch_node_feats=prefetch_node_feats, prefetch_labels=prefetch_labels,
+            prefetch_edge_feats=prefetch_edge_feats, output_device=output_device, fused=fused)))
         self.generator = generator
-        self._layers = layers
         self._plans: weakref.WeakKeyDictionary[Any, _Plan] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._warned: set[str] = set()
@@ -263,7 +297,9 @@ output_device, fused
     @classmethod
     def from_dgl(cls, sampler: dgl.dataloading.NeighborSampler, *, generator: torch.Generator | None = None) -> Self:
         """This sampler with the settings of DGL's ``NeighborSampler`` ``sampler`` (fanouts, edge direction,
-        prob or mask, replacement, prefetched fields, output device).
+        prob or mask, replacement, prefetched fields, output device, fused): its settings only, not a
+        subclass's methods or attributes of its own (:func:`~directload.loaders.dgl.resolve_sampler` keeps such
+        a sampler).
 
         Examples
         --------
@@ -288,6 +324,7 @@ output_device, fused
     def __getstate__(self):
         state = dict(self.__dict__)
         del state["_plans"], state["_lock"]  # a worker process reads the graph again
+        state["g"], state["mapping"] = None, {}  # DGL's fused sampler's cache of the last graph, not shipped
         state["generator"] = generator_state(state["generator"])  # a torch.Generator does not pickle
         return state
 
@@ -310,6 +347,10 @@ output_device, fused
         >>> NeighborSampler([2]).unsupported(g), NeighborSampler([2], edge_dir="out").unsupported(g)
         (None, "edge_dir='out'")
         """
+        return self._batch_unsupported(g, exclude_eids) or _structure_unsupported(g)
+
+    def _batch_unsupported(self, g, exclude_eids):
+        """:meth:`unsupported`'s checks that every batch makes (each well under a microsecond)."""
         if self.edge_dir != "in":
             return f"edge_dir={self.edge_dir!r}"
         if exclude_eids is not None:
@@ -345,11 +386,10 @@ output_device, fused
         >>> [b.num_dst_nodes() for b in blocks][-1], bool((blocks[-1].in_degrees() <= 3).all())
         (2, True)
         """
-        reason = self.unsupported(g, exclude_eids)
-        if reason is not None:
-            self._warn(reason)
-            return self._dgl.sample_blocks(g, seed_nodes, exclude_eids=exclude_eids)
-        plan = self._plan(g)
+        plan = self._batch_unsupported(g, exclude_eids) or self._plan(g)
+        if isinstance(plan, str):
+            self._warn(plan)
+            return self._dgl_sample_blocks(g, seed_nodes, exclude_eids)
         if isinstance(seed_nodes, Mapping):
             seeds = dict(seed_nodes)
         elif len(plan.ntypes) == 1:
@@ -365,13 +405,24 @@ output_device, fused
         return blocks[0].srcdata[dgl.NID], seed_nodes, blocks
 
     def _plan(self, g):
+        """The plan for ``g`` as it is now (built again when the graph, its weights or the settings changed), or
+        why its structure is not directload's to sample."""
+        settings = (self.fanouts, self.prob, bool(self.replace), self.generator)
         with self._lock:
             plan = self._plans.get(g)
-            if plan is not None and plan.signature == _signature(g, self.prob):
+            if plan is not None and plan.current(g, settings):
                 return plan
-            plan = _Plan(g, self._layers, self.prob, self.replace, self.generator)
+            reason = _structure_unsupported(g)
+            if reason is not None:
+                return reason
+            plan = _Plan(g, settings)
             self._plans[g] = plan
             return plan
+
+    def _dgl_sample_blocks(self, g, seed_nodes, exclude_eids):
+        """DGL's ``NeighborSampler.sample_blocks`` itself, over this sampler's attributes (DGL's, from
+        ``__init__``) as they are now."""
+        return dgl.dataloading.NeighborSampler.sample_blocks(self, g, seed_nodes, exclude_eids=exclude_eids)
 
     def _warn(self, reason):
         if reason not in self._warned:
