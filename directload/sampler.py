@@ -10,14 +10,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from directload.capabilities import capabilities
+from directload.capabilities import usable_device
 from directload.kernels import sampling as cpu
 
 from .graph import CSCGraph
 from .unified import host_of, is_unified
 
 __all__ = ["NeighborSampler", "HeteroNeighborSampler", "SampledBatch", "HeteroSampledBatch", "check_fanouts",
-           "LAYOUTS", "MAX_FANOUT", "generator_state", "generator_from"]
+           "check_device", "LAYOUTS", "MAX_FANOUT", "generator_state", "generator_from"]
 
 #: ``"pyg"``: each hop samples the nodes new at the hop before; ``"dgl"``: every node reached so far.
 LAYOUTS = ("pyg", "dgl")
@@ -116,6 +116,44 @@ def check_fanouts(fanouts: Iterable[int], name: str = "fanouts") -> list[int]:
     if not out:
         raise ValueError(f"{name} is empty; give one fanout per layer")
     return out
+
+
+def check_device(device: torch.device | str | None, name: str = "device") -> torch.device:
+    """Where a sampler makes its batches: ``device`` (None: the CPU) as a usable ``torch.device``, or an error
+    naming ``name``, raised before any work.
+
+    Raises
+    ------
+    TypeError
+        Not a str or ``torch.device``.
+    ValueError
+        Not a device name, or a device other than ``cpu``/``cuda`` (``meta``, ``mps``, ...).
+    NoDeviceError
+        ``cuda`` on a machine without a usable CUDA device, or ``cuda:N`` past the last one.
+
+    Examples
+    --------
+    >>> from directload.sampler import check_device
+    >>> check_device(None), check_device("cpu")
+    (device(type='cpu'), device(type='cpu'))
+    >>> check_device("bogus")
+    Traceback (most recent call last):
+    ...
+    ValueError: device='bogus' is not a device (use 'cpu', 'cuda' or 'cuda:N')
+    """
+    if device is None:
+        return torch.device("cpu")
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"{name} must be a str or torch.device, got {type(device).__name__}")
+    try:
+        torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ValueError(f"{name}={device!r} is not a device (use 'cpu', 'cuda' or 'cuda:N')") from exc
+    try:
+        return usable_device(device)  # NoDeviceError for a GPU this machine does not have
+    except ValueError as exc:
+        raise ValueError(f"{name}={str(device)!r}: a sampler runs on 'cpu' or 'cuda', not {torch.device(device).type}"
+                         ) from exc
 
 
 def _check_layout(layout):
@@ -276,14 +314,12 @@ class NeighborSampler:
         if graph.num_src_nodes != graph.num_nodes:
             raise ValueError("a homogeneous sampler needs as many source as destination nodes; "
                              "use HeteroNeighborSampler for a bipartite relation")
+        self.device = check_device(device)
         self.fanouts = check_fanouts(fanouts)
         _check_layout(layout)
         if weighted and graph.weights is None:
             raise ValueError("weighted=True needs a graph with weights")
         self.graph, self.replace, self.weighted, self.layout = graph, bool(replace), bool(weighted), layout
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
-        if self.device.type == "cuda" and not capabilities().cuda:
-            raise RuntimeError("device='cuda' needs a CUDA device; this machine has none")
         if graph.device.type != "cpu" and self.device.type != "cuda":
             raise ValueError(f"the graph lives on {graph.device}: sample it with device='cuda' (or pass "
                              "graph.to('cpu'))")
@@ -370,6 +406,7 @@ class HeteroNeighborSampler:
                  fanouts: dict[tuple[str, str, str], Iterable[int]], *, replace: bool = False,
                  weighted: bool = False, layout: str = "pyg", device: torch.device | str | None = None,
                  generator: torch.Generator | None = None) -> None:
+        self.device = check_device(device)
         _check_layout(layout)
         if not isinstance(graphs, dict) or not graphs:
             raise TypeError("graphs must be a non-empty dict {(src, rel, dst): CSCGraph}")
@@ -402,7 +439,6 @@ class HeteroNeighborSampler:
             raise ValueError(f"every edge type needs the same number of fanouts, got lengths {sorted(hops)}")
         self.num_hops = hops.pop()
         self.graphs, self.replace, self.weighted, self.layout = dict(graphs), bool(replace), bool(weighted), layout
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
         self._keys = _Keys(generator)
         self._marks = _Marks()
         self._arrays = None

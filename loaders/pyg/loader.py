@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch_geometric.data import Data, HeteroData
 from torch_geometric.loader import NeighborLoader as _PygNeighborLoader
+from torch_geometric.sampler import BaseSampler
+from torch_geometric.sampler import NeighborSampler as PygNeighborSampler
 
 import directload
 from directload.kernels.operands import can_gather
@@ -35,7 +37,8 @@ if TYPE_CHECKING:
 
     from directload.stores import FeatureStore as Store
 
-__all__ = ["NeighborLoader", "PygBatches", "stores_from", "unified_data", "resolve_sampler"]
+__all__ = ["NeighborLoader", "PipelinedLoader", "PygBatches", "stores_from", "unified_data", "resolve_sampler",
+           "sampling_of", "describe_sampler", "check_ids"]
 
 
 def _unify(value, affinity):
@@ -104,7 +107,76 @@ def stores_from(data: Data | HeteroData, *, affinity: str = "cuda",
     return fs, gs
 
 
-class NeighborLoader(_PygNeighborLoader):
+class PipelinedLoader:
+    """What directload's PyG loaders add to PyG's: the sampler chosen (:func:`resolve_sampler`), the node tables
+    unified, and an epoch sampled ``lookahead`` batches ahead through directload's pipeline.
+
+    A loader class lists it before PyG's loader class (``pyg_loader``), calls ``_prepare`` on its options before
+    PyG's ``__init__`` and ``_start`` after it; its ``_get_iterator`` then runs the pipeline.
+
+    Examples
+    --------
+    >>> from directload.loaders.pyg import NeighborLoader
+    >>> issubclass(NeighborLoader, PipelinedLoader), NeighborLoader.pyg_loader.__module__
+    (True, 'torch_geometric.loader.neighbor_loader')
+    """
+
+    pyg_loader: type
+
+    sampling: str
+    data: Any
+    filter_fn: Callable[[Any], Any]
+    filter_per_worker: bool
+    num_workers: int
+    persistent_workers: bool
+
+    def _prepare(self, data, num_neighbors, args, kwargs, *, lookahead, affinity, sampler):
+        """Check the options, name the positional ones (into ``kwargs``), choose the sampler (into
+        ``kwargs["neighbor_sampler"]``) and return the data to hand to PyG (node tables unified)."""
+        params = [p for p in inspect.signature(self.pyg_loader.__init__).parameters if p != "kwargs"][3:]
+        if len(args) > len(params):
+            raise TypeError(f"{type(self).__name__} takes at most {len(params) + 2} positional arguments")
+        kwargs.update(zip(params, args))
+        check_lookahead(lookahead)
+        check_int("batch_size", kwargs.get("batch_size", 1))
+        if sampler is not None and not isinstance(sampler, str):
+            kwargs["sampler"] = sampler  # torch's DataLoader option (a Sampler of seed positions), as PyG passes it
+            sampler = None
+        if resolve_sampler(sampler, kwargs) == "directload" and kwargs.get("neighbor_sampler") is None:
+            kwargs["neighbor_sampler"] = NeighborSampler(
+                data, num_neighbors, replace=kwargs.get("replace", False), weight_attr=kwargs.get("weight_attr"))
+        if kwargs.get("neighbor_sampler") is None:
+            _check_sampler()
+        self.sampling = sampling_of(kwargs.get("neighbor_sampler"))
+        if kwargs.get("filter_per_worker") is None and not kwargs.get("num_workers"):
+            # Without workers, gather features in our pipeline (after sampling ahead) rather than
+            # inside the sampling step; with workers, PyG's default gathers them in the workers.
+            kwargs["filter_per_worker"] = False
+        return unified_data(data, affinity=affinity) if isinstance(data, (Data, HeteroData)) else data
+
+    def _start(self, lookahead, sample_in_thread, overlap):
+        self.lookahead = lookahead
+        self.auto_lookahead = AutoLookahead() if lookahead == "auto" else None
+        self.sample_in_thread = resolve_sampling(sample_in_thread, self.num_workers)
+        self.overlap = resolve_overlap(overlap, "cpu", os.cpu_count() or 1, torch.get_num_threads())
+
+    def _get_iterator(self):
+        if self.persistent_workers and self.num_workers > 0:
+            return super()._get_iterator()  # type: ignore[misc]  # torch keeps and resets this iterator
+        fs = self.data[0] if isinstance(self.data, tuple) and isinstance(self.data[0], FeatureStore) else None
+        if self.filter_per_worker:
+            # The workers sample and gather: the pipeline only looks ahead at finished batches.
+            batches, adapter = super()._get_iterator(), PygBatches(fs, None, gathered=True)  # type: ignore[misc]
+        else:
+            batches = torch.utils.data.DataLoader._get_iterator(self)  # type: ignore[arg-type]  # a DataLoader
+            adapter = PygBatches(fs, self.filter_fn)
+        pipeline = Pipeline(batches, adapter, device="cpu", lookahead=self.auto_lookahead or self.lookahead,
+                            sample_in_thread=self.sample_in_thread, overlap=self.overlap)
+        pipeline.prime()
+        return Epoch(pipeline)
+
+
+class NeighborLoader(PipelinedLoader, _PygNeighborLoader):
     """Drop-in replacement for ``torch_geometric.loader.NeighborLoader`` with directload's gathers.
 
     The same constructor and the same batches.  Over a ``Data`` or
@@ -130,11 +202,15 @@ class NeighborLoader(_PygNeighborLoader):
         As for :class:`directload.loaders.dgl.DataLoader`.
     sampler : {"pyg", "directload"} or torch.utils.data.Sampler, optional
         Whose neighbour sampler runs (:func:`resolve_sampler`; the attribute
-        ``sampling`` says which did).  ``"pyg"`` (the default where PyG can
-        sample): PyG's own batches, bit for bit.  ``"directload"``:
-        :class:`~directload.loaders.pyg.NeighborSampler`, PyG's distribution
-        (uniform without replacement), not its batches, with per-hop counts.
-        A ``Sampler`` object is torch's ``DataLoader`` option, passed on.
+        ``sampling`` says which did: ``"pyg"``, ``"directload"``, or
+        ``"user"`` for a ``neighbor_sampler=`` of the caller's, always
+        kept).  ``"pyg"`` (the default where PyG can sample): PyG's own
+        batches, bit for bit.  ``"directload"`` (the default where PyG has
+        no sampler): :class:`~directload.loaders.pyg.NeighborSampler`, PyG's
+        distribution (uniform without replacement), not its batches, with
+        per-hop counts; an option it does not implement falls back to PyG's
+        sampler with a warning.  A ``Sampler`` object is torch's
+        ``DataLoader`` option, passed on.
     affinity : {"cuda", "host"}
         Affinity of the unified node tables made from a ``Data``: ``"cuda"``
         gathers straight onto the GPU where one exists.
@@ -150,60 +226,18 @@ class NeighborLoader(_PygNeighborLoader):
     True
     """
 
+    pyg_loader = _PygNeighborLoader
+
     def __init__(self, data: Data | HeteroData | tuple[PygFeatureStore, PygGraphStore],
                  num_neighbors: list[int] | dict[tuple[str, str, str], list[int]], *args: Any,
                  lookahead: int | str = 4, sample_in_thread: bool | None = None, overlap: bool | None = None,
                  affinity: str = "cuda", sampler: str | torch.utils.data.Sampler | None = None,
                  **kwargs: Any) -> None:
-        check_lookahead(lookahead)
-        check_int("batch_size", kwargs.get("batch_size", 1))
-        kwargs.update(_by_name(args))
-        if sampler is not None and not isinstance(sampler, str):
-            kwargs["sampler"] = sampler  # torch's DataLoader option (a Sampler of seed positions), as PyG passes it
-            sampler = None
-        sampler = resolve_sampler(sampler, kwargs)
-        if sampler == "directload" and kwargs.get("neighbor_sampler") is None:
-            kwargs["neighbor_sampler"] = NeighborSampler(
-                data, num_neighbors, replace=kwargs.get("replace", False), weight_attr=kwargs.get("weight_attr"))
-        if kwargs.get("neighbor_sampler") is None:
-            _check_sampler()
-        self.sampling = "directload" if isinstance(kwargs.get("neighbor_sampler"), NeighborSampler) else "pyg"
-        if isinstance(data, (Data, HeteroData)):
-            data = unified_data(data, affinity=affinity)
-        if kwargs.get("filter_per_worker") is None and not kwargs.get("num_workers"):
-            # Without workers, gather features in our pipeline (after sampling ahead) rather than
-            # inside the sampling step; with workers, PyG's default gathers them in the workers.
-            kwargs["filter_per_worker"] = False
+        data = self._prepare(data, num_neighbors, args, kwargs, lookahead=lookahead, affinity=affinity,
+                             sampler=sampler)
         super().__init__(data, num_neighbors, **kwargs)
         _check_seeds(self.input_data, self.node_sampler)
-        self.lookahead = lookahead
-        self.auto_lookahead = AutoLookahead() if lookahead == "auto" else None
-        self.sample_in_thread = resolve_sampling(sample_in_thread, self.num_workers)
-        self.overlap = resolve_overlap(overlap, "cpu", os.cpu_count() or 1, torch.get_num_threads())
-
-    def _get_iterator(self):
-        if self.persistent_workers and self.num_workers > 0:
-            return super()._get_iterator()  # torch keeps and resets this iterator between epochs
-        fs = self.data[0] if isinstance(self.data, tuple) and isinstance(self.data[0], FeatureStore) else None
-        if self.filter_per_worker:
-            # The workers sample and gather: the pipeline only looks ahead at finished batches.
-            batches, adapter = super()._get_iterator(), PygBatches(fs, None, gathered=True)
-        else:
-            batches, adapter = torch.utils.data.DataLoader._get_iterator(self), PygBatches(fs, self.filter_fn)
-        pipeline = Pipeline(batches, adapter, device="cpu", lookahead=self.auto_lookahead or self.lookahead,
-                            sample_in_thread=self.sample_in_thread, overlap=self.overlap)
-        pipeline.prime()
-        return Epoch(pipeline)
-
-
-_PYG_PARAMS = [p for p in inspect.signature(_PygNeighborLoader.__init__).parameters if p != "kwargs"][3:]
-
-
-def _by_name(args):
-    """PyG's positional options after ``num_neighbors`` (``input_nodes``, ``input_time``, ...) by name."""
-    if len(args) > len(_PYG_PARAMS):
-        raise TypeError(f"NeighborLoader takes at most {len(_PYG_PARAMS) + 2} positional arguments")
-    return dict(zip(_PYG_PARAMS, args))
+        self._start(lookahead, sample_in_thread, overlap)
 
 
 def _pyg_can_sample():
@@ -213,13 +247,15 @@ def _pyg_can_sample():
 
 
 def resolve_sampler(sampler: str | None, options: Mapping[str, Any]) -> str:
-    """Whose sampler a ``NeighborLoader`` runs: ``"directload"`` or ``"pyg"``, from ``sampler=`` and its options.
+    """Whose sampler a loader runs: ``"directload"`` or ``"pyg"``, from ``sampler=`` and its options.
 
     ``None``: PyG's where PyG can sample (pyg-lib or torch-sparse), else
     directload's, said once.  ``"directload"`` with an option it does not
     implement (:func:`~directload.loaders.pyg.sampler.unsupported_options`)
     falls back to PyG's with a one-line warning.  A ``neighbor_sampler=``
-    of the caller's is kept as it is.
+    of the caller's is kept as it is (``"pyg"``: PyG's loader runs it),
+    with a one-line warning naming it and what it overrides where
+    directload's sampler would have run.
 
     Examples
     --------
@@ -233,22 +269,60 @@ def resolve_sampler(sampler: str | None, options: Mapping[str, Any]) -> str:
     """
     if sampler not in (None, "pyg", "framework", "directload"):
         raise ValueError(f"sampler must be 'pyg' (or 'framework') or 'directload', got {sampler!r}")
-    if options.get("neighbor_sampler") is not None:
-        return "pyg"
-    if sampler is None:
-        if _pyg_can_sample():
-            return "pyg"
+    if sampler is None and not _pyg_can_sample():
         sampler = "directload"
-        _note_once("neither pyg-lib nor torch-sparse loads: directload's sampler runs (PyG's distribution, not "
-                   "its batches; sampler='directload')")
-    if sampler == "directload":
-        missing = unsupported_options(**options)
-        if missing:
-            warnings.warn(f"directload's sampler does not implement {', '.join(missing)}: PyG's own sampler runs "
-                          "instead", UserWarning, stacklevel=3)
-            return "pyg"
-        return "directload"
-    return "pyg"
+        if options.get("neighbor_sampler") is None:
+            _note_once("neither pyg-lib nor torch-sparse loads: directload's sampler runs (PyG's distribution, not "
+                       "its batches; sampler='directload')")
+    if sampler != "directload":
+        return "pyg"
+    user = options.get("neighbor_sampler")
+    if user is not None:
+        if not isinstance(user, NeighborSampler):
+            warnings.warn(f"{describe_sampler(user)} runs instead of directload's sampler", UserWarning,
+                          stacklevel=4)
+        return "pyg"
+    missing = unsupported_options(**options)
+    if missing:
+        warnings.warn(f"directload's sampler does not implement {', '.join(missing)}: PyG's own sampler runs "
+                      "instead", UserWarning, stacklevel=4)
+        return "pyg"
+    return "directload"
+
+
+def describe_sampler(sampler: object) -> str:
+    """``neighbor_sampler=`` named by its class and the sampling methods it overrides, for a warning.
+
+    Examples
+    --------
+    >>> from torch_geometric.sampler import NeighborSampler as PygSampler
+    >>> class Mine(PygSampler):
+    ...     def sample_from_nodes(self, inputs):
+    ...         return super().sample_from_nodes(inputs)
+    >>> describe_sampler(Mine.__new__(Mine))
+    'neighbor_sampler=Mine (overrides sample_from_nodes)'
+    >>> describe_sampler(PygSampler.__new__(PygSampler))
+    "neighbor_sampler=NeighborSampler (PyG's)"
+    """
+    cls = type(sampler)
+    if cls is PygNeighborSampler:
+        return "neighbor_sampler=NeighborSampler (PyG's)"
+    base = PygNeighborSampler if isinstance(sampler, PygNeighborSampler) else BaseSampler
+    methods = [m for m in ("sample_from_nodes", "sample_from_edges") if getattr(cls, m, None) is not getattr(base, m)]
+    return f"neighbor_sampler={cls.__name__} (overrides {', '.join(methods) or 'no sampling method'})"
+
+
+def sampling_of(neighbor_sampler: object) -> str:
+    """What ``sampling`` says for a loader built with ``neighbor_sampler`` (None: PyG's own).
+
+    Examples
+    --------
+    >>> sampling_of(None)
+    'pyg'
+    """
+    if neighbor_sampler is None or type(neighbor_sampler) is PygNeighborSampler:
+        return "pyg"
+    return "directload" if isinstance(neighbor_sampler, NeighborSampler) else "user"
 
 
 _NOTED: set[str] = set()
@@ -257,7 +331,7 @@ _NOTED: set[str] = set()
 def _note_once(message):
     if message not in _NOTED:
         _NOTED.add(message)
-        warnings.warn(message, UserWarning, stacklevel=4)
+        warnings.warn(message, UserWarning, stacklevel=5)
 
 
 def _check_sampler():
@@ -311,19 +385,33 @@ class PygBatches(BatchAdapter):
         return self.feature_store.stores() if self.feature_store is not None else []
 
 
-def _check_seeds(input_data, sampler):
-    """``IndexError`` for seed nodes outside the graph (the sampler would read out of bounds)."""
-    nodes = input_data.node
-    if nodes is None or not nodes.numel():
+def check_ids(ids: torch.Tensor | None, num_nodes: int | Mapping[Any, int] | None, node_type: Any,
+              what: str) -> None:
+    """``IndexError`` for node ids outside the graph (a sampler would read out of bounds), ``TypeError`` for ids
+    that are not integers; ``num_nodes`` None (a sampler of the caller's that does not say) checks nothing.
+
+    Examples
+    --------
+    >>> check_ids(torch.tensor([0, 3]), 4, None, "seed node")
+    >>> check_ids(torch.tensor([0, 4]), {"paper": 4}, "paper", "seed node")
+    Traceback (most recent call last):
+    ...
+    IndexError: seed node id 4 of type 'paper' is outside the graph's 4 nodes (valid 0..3)
+    """
+    if ids is None or not ids.numel() or num_nodes is None:
         return
-    if nodes.is_floating_point() or nodes.dtype == torch.bool:
-        raise TypeError(f"seed nodes must be integer ids or a boolean mask, got {nodes.dtype}")
-    n = sampler.num_nodes
-    node_type = input_data.input_type
-    if isinstance(n, Mapping):
-        n = n[node_type]
-    lo, hi = int(nodes.min()), int(nodes.max())
+    if ids.is_floating_point() or ids.dtype == torch.bool:
+        raise TypeError(f"{what}s must be integer ids, got {ids.dtype}")
+    n = num_nodes[node_type] if isinstance(num_nodes, Mapping) else num_nodes
+    lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= n:
         bad = lo if lo < 0 else hi
-        what = f" of type {node_type!r}" if node_type is not None else ""
-        raise IndexError(f"seed node id {bad}{what} is outside the graph's {n} nodes (valid 0..{n - 1})")
+        of = f" of type {node_type!r}" if node_type is not None else ""
+        raise IndexError(f"{what} id {bad}{of} is outside the graph's {n} nodes (valid 0..{n - 1})")
+
+
+def _check_seeds(input_data, sampler):
+    nodes = input_data.node
+    if nodes is not None and (nodes.is_floating_point() or nodes.dtype == torch.bool):
+        raise TypeError(f"seed nodes must be integer ids or a boolean mask, got {nodes.dtype}")
+    check_ids(nodes, getattr(sampler, "num_nodes", None), input_data.input_type, "seed node")

@@ -10,7 +10,7 @@ from torch_geometric.sampler import BaseSampler, HeteroSamplerOutput, NumNeighbo
 from torch_geometric.sampler.neighbor_sampler import edge_sample, node_sample
 
 from directload.graph import CSCGraph
-from directload.sampler import HeteroNeighborSampler
+from directload.sampler import HeteroNeighborSampler, check_device
 from directload.sampler import NeighborSampler as _Sampler
 
 if TYPE_CHECKING:
@@ -23,9 +23,16 @@ __all__ = ["NeighborSampler", "unsupported_options"]
 
 def unsupported_options(*, subgraph_type: SubgraphType | str = "directional", disjoint: bool = False,
                         temporal_strategy: str = "uniform", time_attr: str | None = None,
-                        input_time: torch.Tensor | None = None, directed: bool = True, is_sorted: bool = False,
-                        sample_direction: str = "forward", **_: Any) -> list[str]:
-    """The ``NeighborLoader`` options directload's sampler does not implement, by name (empty: none).
+                        input_time: torch.Tensor | None = None, edge_label_time: torch.Tensor | None = None,
+                        directed: bool = True, sample_direction: str = "forward", **_: Any) -> list[str]:
+    """The ``NeighborLoader`` or ``LinkNeighborLoader`` options directload's sampler does not implement, by name
+    (empty: none).
+
+    Every other option of PyG's loaders is implemented: ``replace`` and
+    ``weight_attr`` by the sampler, ``is_sorted`` needs nothing (a hint:
+    directload sorts what needs sorting), and the rest (``transform``,
+    ``filter_per_worker``, ``neg_sampling``, ``edge_label``, ...) is PyG's
+    own loader code around any sampler.
 
     Examples
     --------
@@ -34,8 +41,10 @@ def unsupported_options(*, subgraph_type: SubgraphType | str = "directional", di
     ([], ['disjoint', 'time_attr'])
     """
     out = []
-    if str(getattr(subgraph_type, "value", subgraph_type)) != "directional" or not directed:
+    if str(getattr(subgraph_type, "value", subgraph_type)) != "directional":
         out.append("subgraph_type")
+    if not directed:  # PyG's deprecated spelling of subgraph_type="induced"
+        out.append("directed")
     if disjoint:
         out.append("disjoint")
     if temporal_strategy != "uniform":
@@ -44,6 +53,8 @@ def unsupported_options(*, subgraph_type: SubgraphType | str = "directional", di
         out.append("time_attr")
     if input_time is not None:
         out.append("input_time")
+    if edge_label_time is not None:
+        out.append("edge_label_time")
     if sample_direction != "forward":
         out.append("sample_direction")
     return out
@@ -152,6 +163,7 @@ class NeighborSampler(BaseSampler):
                  num_neighbors: NumNeighbors | list[int] | dict[tuple[str, str, str], list[int]], *,
                  replace: bool = False, weight_attr: str | None = None, device: torch.device | str | None = None,
                  generator: torch.Generator | None = None) -> None:
+        where = check_device(device)  # before any work: the graph is built and pinned for a usable device only
         graph, num_nodes = _graphs_of(data, weight_attr)
         self.num_neighbors = num_neighbors if isinstance(num_neighbors, NumNeighbors) else NumNeighbors(num_neighbors)
         self.num_nodes = num_nodes
@@ -160,12 +172,12 @@ class NeighborSampler(BaseSampler):
         if self.is_hetero:
             fanouts = self.num_neighbors.get_values(list(graph))
             self.sampler = HeteroNeighborSampler(graph, num_nodes, fanouts, replace=replace, weighted=weighted,
-                                                 layout="pyg", device=device, generator=generator)
+                                                 layout="pyg", device=where, generator=generator)
         else:
-            if device is not None and torch.device(device).type == "cuda":
+            if where.type == "cuda":
                 graph = graph.to_unified()  # pinned and mapped in place: the GPU kernels read it zero-copy
             self.sampler = _Sampler(graph, self.num_neighbors.get_values(), replace=replace, weighted=weighted,
-                                    layout="pyg", device=device, generator=generator)
+                                    layout="pyg", device=where, generator=generator)
         self.disjoint, self.node_time = False, None
 
     def __repr__(self):
@@ -176,10 +188,17 @@ class NeighborSampler(BaseSampler):
         return None  # ``edge`` already holds the edges' positions in ``edge_index``
 
     def sample_from_nodes(self, inputs: NodeSamplerInput) -> SamplerOutput | HeteroSamplerOutput:
+        """Sample around a batch of seed nodes (PyG's own ``node_sample``)."""
+        if inputs.time is not None:
+            raise ValueError("directload's sampler does not sample in time; use PyG's sampler for input_time")
         return node_sample(inputs, self._sample)
 
     def sample_from_edges(self, inputs: EdgeSamplerInput,
                           neg_sampling: NegativeSampling | None = None) -> SamplerOutput | HeteroSamplerOutput:
+        """Sample around a batch of edges' source and destination nodes, negatives included (PyG's own
+        ``edge_sample``: binary or triplet negatives, ``edge_label_index`` local to the batch)."""
+        if inputs.time is not None:
+            raise ValueError("directload's sampler does not sample in time; use PyG's sampler for edge_label_time")
         return edge_sample(inputs, self._sample, self.num_nodes, False, None, neg_sampling)
 
     def _sample(self, seed, seed_time=None):

@@ -176,7 +176,7 @@ def test_load_refuses_a_directory_without_a_graph(tmp_path):
 def test_a_save_killed_before_its_manifest_leaves_no_graph(tmp_path, graph, monkeypatch):
     _, g = graph
     g.save(tmp_path)
-    import directload.graph as module
+    import directload.graph.files as module
 
     real = module.write_atomically
 
@@ -265,12 +265,13 @@ def test_weights_must_be_finite_and_non_negative(bad):
         CSCGraph.from_edge_index(torch.tensor([[1, 2], [0, 0]]), 3, edge_weight=torch.tensor([1.0, bad]))
 
 
-def test_in_degrees_of_2_to_the_32_are_refused():
-    from directload.kernels.sampling import check_csc
+def test_in_degrees_of_2_to_the_62_are_refused():
+    from directload.kernels.sampling import MAX_DEGREE, check_csc
 
-    # below() draws under 2**32: a larger list would be sampled with bias.
-    assert check_csc(np.array([0, 2**32], np.int64), 2**32, np.zeros(1, np.int64), 1) == (5, 0)
-    assert check_csc(np.array([0, 2**32 - 1], np.int64), 2**32 - 1, np.zeros(0, np.int64), 1) == (-1, -1)
+    # Lemire's draws are exact at every accepted in-degree; 2**62 bounds one node's edge positions (sample.cu's
+    # claims).
+    assert check_csc(np.array([0, MAX_DEGREE], np.int64), MAX_DEGREE, np.zeros(1, np.int64), 1) == (5, 0)
+    assert check_csc(np.array([0, 2**32], np.int64), 2**32, np.zeros(0, np.int64), 1) == (-1, -1)
 
 
 def test_fanouts_are_bounded(graph):
@@ -303,5 +304,60 @@ def test_a_damaged_dataset_graph_is_built_again(tmp_path):
     want = ds.csc(affinity="host").numpy()[1].copy()
     part = ds.path / "csc" / "indices.npy"
     part.write_bytes(part.read_bytes()[:200])  # truncated
-    got = load(tmp_path, "synth-tiny", affinity="host").csc(affinity="host")
+    with pytest.warns(RuntimeWarning, match="kept graph is refused"):
+        got = load(tmp_path, "synth-tiny", affinity="host").csc(affinity="host")
     assert np.array_equal(got.numpy()[1], want)
+
+
+def _hetero(device):
+    writes = CSCGraph.from_edge_index(torch.tensor([[0, 1], [0, 0]]), 1, num_src_nodes=2)
+    et = ("author", "writes", "paper")
+    return HeteroNeighborSampler({et: writes}, {"author": 2, "paper": 1}, {et: [-1]}, device=device)
+
+
+def _homo(device):
+    return NeighborSampler(CSCGraph.from_edge_index(torch.tensor([[1], [0]]), 2), [1], device=device)
+
+
+@pytest.mark.parametrize("make", [_homo, _hetero], ids=["homogeneous", "heterogeneous"])
+@pytest.mark.parametrize("device,error,match", [
+    ("bogus", ValueError, r"device='bogus' is not a device \(use 'cpu', 'cuda' or 'cuda:N'\)"),
+    ("cuda:x", ValueError, r"device='cuda:x' is not a device"),
+    (3.5, TypeError, "device must be a str or torch.device, got float"),
+    (0, TypeError, "device must be a str or torch.device, got int"),
+    ("meta", ValueError, "device='meta': a sampler runs on 'cpu' or 'cuda', not meta"),
+    (torch.device("meta"), ValueError, "device='meta': a sampler runs on 'cpu' or 'cuda', not meta"),
+])
+def test_a_device_that_is_not_one_is_refused_naming_the_argument(make, device, error, match):
+    with pytest.raises(error, match=match):
+        make(device)
+
+
+@pytest.mark.parametrize("make", [_homo, _hetero], ids=["homogeneous", "heterogeneous"])
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", torch.device("cuda", 7)])
+def test_cuda_without_a_gpu_is_the_no_device_error_at_construction(make, device, monkeypatch):
+    from directload.capabilities import NoDeviceError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(NoDeviceError, match="no usable CUDA device"):
+        make(device)
+
+
+@pytest.mark.parametrize("make", [_homo, _hetero], ids=["homogeneous", "heterogeneous"])
+def test_a_gpu_index_past_the_last_is_the_no_device_error(make, monkeypatch):
+    from directload.capabilities import NoDeviceError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(NoDeviceError, match="cuda:7 was asked for, but this machine has 1 CUDA device"):
+        make("cuda:7")
+
+
+@pytest.mark.parametrize("make", [_homo, _hetero], ids=["homogeneous", "heterogeneous"])
+@pytest.mark.parametrize("device", [None, "cpu", torch.device("cpu")])
+def test_the_cpu_is_taken_in_every_spelling(make, device):
+    s = make(device)
+    assert s.device == torch.device("cpu")
+    b = s.sample(torch.tensor([0]) if isinstance(s, NeighborSampler) else {"paper": torch.tensor([0])}, key=1)
+    nodes = b.nodes if isinstance(b.nodes, torch.Tensor) else b.nodes["author"]
+    assert nodes.device.type == "cpu" and nodes.dtype == torch.int64

@@ -152,6 +152,7 @@ def test_default_is_pygs_sampler_and_ours_where_pyg_has_none(data, monkeypatch):
         assert NeighborLoader(data, [2], batch_size=10).sampling == "pyg"
     monkeypatch.setattr(pyg_typing, "WITH_PYG_LIB", False)
     monkeypatch.setattr(pyg_typing, "WITH_TORCH_SPARSE", False)
+    monkeypatch.setattr("directload.loaders.pyg.loader._NOTED", set())  # said once a process: another test may have
     with pytest.warns(UserWarning, match="neither pyg-lib nor torch-sparse"):
         loader = NeighborLoader(data, [2], batch_size=10)
     assert loader.sampling == "directload"
