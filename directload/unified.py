@@ -13,6 +13,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from directload.capabilities import capabilities
 from directload.errors import DirectloadError
 from directload.kernels import gather
+from directload.kernels.bounds import ids_from_end
 from directload.kernels.interop import CudaArrayView
 from directload.kernels.operands import check_readable, host_of, out_of_range
 
@@ -319,33 +320,36 @@ def _view_on(a, device):
 def _gather(table, index, negative_from_end=False):
     """Indexing of a unified table: the aligned gather kernel, placed by the rules.
 
-    ``negative_from_end``: ``x[idx]`` semantics, where ``-1`` is the last row.
+    ``negative_from_end``: ``x[idx]`` semantics, where ``-1`` is the last row.  An id outside ``-n..n-1`` gets
+    one message on every path, naming the id as given (:func:`_from_end_cpu`'s; on a GPU the kernel's, through
+    :func:`~directload.kernels.bounds.ids_from_end`).
     """
     # One read of the host view (and of the allocation, which stays referenced for the
     # whole gather): a close() on another thread cannot pull them out mid-call.
     host = table.check_backing()
     alloc = table._alloc  # noqa: F841 (held, not used)
     check_readable(index, "index")
-    if negative_from_end and index.numel():
-        n_rows = host.shape[0]
-        if index.is_cuda:  # no sync: ids below -n_rows stay negative, and the kernel reports them (shifted)
-            index = torch.where(index < 0, index + n_rows, index)
-        else:
-            index = _from_end_cpu(index, n_rows)
+    n_rows = host.shape[0]
     device = index_device(table, index, has_cuda=_has_cuda())
+    if device.type == "cpu" and index.is_cuda:  # a table the GPU cannot map: the ids come to the CPU kernel
+        index = _ids_to_host(index)
+    from_end = negative_from_end and index.numel() > 0
+    if from_end and not index.is_cuda:
+        index, from_end = _from_end_cpu(index, n_rows), False  # checked here: a CPU read costs no sync
     if device.type == "cuda" and not index.is_cuda:
         # Checked here, where it costs nothing, then copied from pinned staging: a copy from pageable
         # memory would wait for the stream.
-        _check_cpu_ids(index, host.shape[0])
+        _check_cpu_ids(index, n_rows)
         index = index.pin_memory().to(device, non_blocking=True)
-    if device.type == "cpu" and index.is_cuda:  # a table the GPU cannot map: the ids come to the CPU kernel
-        index = _ids_to_host(index)
+    flat = index if index.dim() == 1 else index.reshape(-1)
     # The plain host view, so the kernel's checks do not re-enter __torch_function__;
     # gather reads its pinned state to decide whether a GPU may map it.
-    if index.dim() == 1:
-        return gather(host, index)
-    out = gather(host, index.reshape(-1))
-    return out.reshape(*index.shape, *host.shape[1:])
+    if from_end:  # CUDA ids: shifted on the device (no sync); the kernel reports a bad one as given
+        with ids_from_end():
+            out = gather(host, _shift_from_end(flat, n_rows))
+    else:
+        out = gather(host, flat)
+    return out if index.dim() == 1 else out.reshape(*index.shape, *host.shape[1:])
 
 
 def _ids_to_host(index):
@@ -354,12 +358,21 @@ def _ids_to_host(index):
 
 
 def _from_end_cpu(index, n_rows):
-    """CPU ids with ``-1`` as the last row, as row ids (checked here: a CPU read costs no sync)."""
-    lo = int(index.min())
-    if lo >= 0:
-        return index
-    if lo < -n_rows:
-        raise out_of_range(lo, n_rows, negatives=True)
+    """CPU ids with ``-1`` as the last row, as row ids, checked here (a CPU read costs no sync): the first id
+    outside ``-n_rows..n_rows-1`` raises the one message of ``x[idx]``, naming it as given and its position."""
+    lo, hi = (int(v) for v in torch.aminmax(index))
+    if lo < -n_rows or hi >= n_rows:
+        flat = index.reshape(-1)
+        bad = int(((flat < -n_rows) | (flat >= n_rows)).nonzero()[0, 0])
+        raise out_of_range(int(flat[bad]), n_rows, position=bad, negatives=True)
+    return index if lo >= 0 else _shift_from_end(index, n_rows)
+
+
+def _shift_from_end(index, n_rows):
+    """``index`` with ``n_rows`` added to its negative ids, on its device, reading nothing back: an id below
+    ``-n_rows`` stays negative, out of range.  int32 ids widen where the row ids would not fit."""
+    if index.dtype == torch.int32 and n_rows > torch.iinfo(torch.int32).max:
+        index = index.long()
     return torch.where(index < 0, index + n_rows, index)
 
 

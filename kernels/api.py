@@ -514,18 +514,38 @@ def _launch_gpu(table, index, out, variant):
     """Launch on the caller's current stream of the ids' device; no host sync, no event."""
     if index.shape[0] and table.n_rows == 0:
         _no_rows(index)
-    if index.shape[0] == 0 or table.row_bytes == 0:
+    if index.shape[0] == 0:
         table.bounds.raise_pending()
         return GatherFuture(None, out)
     stream = torch.cuda.current_stream(table.device)
-    if variant is None:
+    if variant is None and table.row_bytes:
         variant = table.variant_for(index.shape[0], out.data_ptr(), _tuned)
     if table.device_index != torch.cuda.current_device():
         with torch.cuda.device(table.device):
-            stamp = gpu_path.launch(table, index, out, variant, stream)
+            stamp = _start_gpu(table, index, out, variant, stream)
     else:
-        stamp = gpu_path.launch(table, index, out, variant, stream)
+        stamp = _start_gpu(table, index, out, variant, stream)
     return GatherFuture(None, out, stream, table.bounds, stamp)
+
+
+def _start_gpu(table, index, out, variant, stream):
+    """The launch of a GPU gather (its stamp): the row kernel, or for rows of 0 bytes, with nothing to move,
+    the kernels' check of the ids alone (:func:`_check_ids_gpu`), as a CPU gather checks them."""
+    if table.row_bytes == 0:
+        return _check_ids_gpu(table, index, stream)
+    return gpu_path.launch(table, index, out, variant, stream)
+
+
+def _check_ids_gpu(table, index, stream):
+    """Check ``index`` against ``table`` on the device as every GPU gather does (:mod:`kernels.bounds`): the
+    ``check_clamp`` kernel stamps the error word for an id out of range; its clamped ids are scratch.  Returns
+    the launch's stamp; reads nothing back."""
+    bounds = table.bounds
+    bounds.raise_pending()
+    stamp = bounds.stamp(index, table.n_rows)
+    table.launch_check_clamp(device_id=table.device_index, index=index, clamped=torch.empty_like(index),
+                             n_rows=table.n_rows, err_ptr=bounds.ptr, stamp=stamp, stream_ptr=stream.cuda_stream)
+    return stamp
 
 
 def _no_rows(index):

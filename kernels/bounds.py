@@ -15,20 +15,27 @@ naming the position and the value (found on the error path only, where a sync no
 so a word holding a stamp above the last one reported means a launch since then read a bad id.  Until then
 the clamped rows are in the output: a gather whose result is used before any later gather or ``wait()`` on
 that device can only learn of a bad id through ``check()`` or ``strict=True``.
+
+Ids that count from the end (``x[idx]``, where ``-1`` is the last row) are shifted by the row count on the
+device before the launch (no sync): launches made inside :func:`ids_from_end` report an id as the caller
+gave it, with the valid range ``-n..n-1``, in the one message every path gives
+(:func:`~directload.kernels.operands.out_of_range`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 
 import torch
 
 from .operands import out_of_range
 
-__all__ = ["DeviceBounds", "bounds_for", "RECENT"]
+__all__ = ["DeviceBounds", "bounds_for", "ids_from_end", "RECENT"]
 
 #: Launches whose ids are kept so that an error can name the position and the value.
 RECENT = 64
@@ -59,14 +66,15 @@ class DeviceBounds:
         self._host = word.numpy()  # reads the pinned word as plain memory: no CUDA call
         self._stamps = itertools.count(1)
         self._reported = 0
-        self._recent: OrderedDict[int, tuple[torch.Tensor, int]] = OrderedDict()
+        self._recent: OrderedDict[int, tuple[torch.Tensor, int, bool]] = OrderedDict()
         self._lock = threading.Lock()
 
     def stamp(self, index: torch.Tensor, n_rows: int) -> int:
-        """A new stamp for a launch over ``index`` (``n_rows`` rows)."""
+        """A new stamp for a launch over ``index`` (``n_rows`` rows; ids shifted from the end inside
+        :func:`ids_from_end`)."""
         stamp = next(self._stamps)
         with self._lock:
-            self._recent[stamp] = (index, n_rows)
+            self._recent[stamp] = (index, n_rows, getattr(_from_end, "on", False))
             while len(self._recent) > RECENT:
                 self._recent.popitem(last=False)
         return stamp
@@ -101,23 +109,54 @@ class DeviceBounds:
         raise _error(record)
 
 
-def _first_bad(index, n_rows):
-    """``(position, value)`` of the first id of ``index`` outside ``[0, n_rows)``, or None (syncs)."""
+def _first_bad(index, n_rows, from_end=False):
+    """``(position, value)`` of the first id of ``index`` outside ``[0, n_rows)``, or None (syncs).  With
+    ``from_end`` the ids were shifted from the end (``id + n_rows`` where negative): the value is the id as
+    given (a shifted id still below 0 was below ``-n_rows``; one at or above ``n_rows`` was never shifted)."""
     bad = ((index < 0) | (index >= n_rows)).nonzero()
     if bad.numel() == 0:
         return None
     position = int(bad[0, 0])
-    return position, int(index[position])
+    value = int(index[position])
+    return position, value - n_rows if from_end and value < 0 else value
 
 
 def _error(record):
-    index, n_rows = record
-    found = _first_bad(index, n_rows)
+    index, n_rows, from_end = record
+    found = _first_bad(index, n_rows, from_end)
     if found is None:
         return IndexError(f"an id out of range for {n_rows} rows was read by a CUDA gather (its ids have "
                           "changed since, so the position is unknown): its rows were clamped")
     position, value = found
-    return out_of_range(value, n_rows, position=position)
+    return out_of_range(value, n_rows, position=position, negatives=from_end)
+
+
+_from_end = threading.local()  # .on: launches stamped on this thread take ids shifted from the end
+
+
+@contextlib.contextmanager
+def ids_from_end() -> Iterator[None]:
+    """Launches stamped in this block, on this thread, took ids counted from the end (``x[idx]``: ``-1`` is
+    the last row) and shifted by the row count on the device: an id out of range is reported as given, in
+    the message of the CPU path (``valid -n..n-1``).
+
+    Examples
+    --------
+    >>> b = DeviceBounds(torch.zeros(1, dtype=torch.int64))
+    >>> given = torch.tensor([0, -8, 3])  # 5 rows: -8 is below -5
+    >>> with ids_from_end():
+    ...     stamp = b.stamp(torch.where(given < 0, given + 5, given), 5)  # the ids the kernel reads
+    >>> b.word[0] = stamp
+    >>> b.raise_pending()
+    Traceback (most recent call last):
+    IndexError: index -8 is out of range for 5 rows (valid -5..4) (at position 1)
+    """
+    saved = getattr(_from_end, "on", False)
+    _from_end.on = True
+    try:
+        yield
+    finally:
+        _from_end.on = saved
 
 
 _devices: dict[int, DeviceBounds] = {}

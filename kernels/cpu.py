@@ -508,7 +508,9 @@ def launch(src: torch.Tensor, index: torch.Tensor, out: torch.Tensor, *, aligned
     ``cpu``, ``numba_cuda`` and ``cupy`` each export ``launch`` with this one
     signature, and :mod:`directload.kernels.api` calls whichever the gather's
     placement picked.  Its type hints name what all three take (torch
-    tensors); this one takes numpy arrays too.
+    tensors); this one takes numpy arrays too: ``src`` and ``out`` of one
+    kind, both tensors or both arrays, and the index of either kind (as
+    :func:`~directload.kernels.gather` takes it, without a copy).
 
     Parameters
     ----------
@@ -531,6 +533,15 @@ def launch(src: torch.Tensor, index: torch.Tensor, out: torch.Tensor, *, aligned
         -1, or the position of the first index outside ``[0, rows)`` (then
         nothing was written).
 
+    Raises
+    ------
+    TypeError
+        An operand is neither a torch tensor nor a numpy array, ``src`` and
+        ``out`` are of different kinds, or the index is not int32/int64.
+    ValueError
+        Shapes, element sizes or layouts no kernel may write through
+        (:func:`~directload.kernels.operands.check_launch`).
+
     Examples
     --------
     >>> import numpy as np
@@ -542,7 +553,14 @@ def launch(src: torch.Tensor, index: torch.Tensor, out: torch.Tensor, *, aligned
     [[4, 5], [0, 1]]
     >>> launch(src, np.array([0, 3]), out)
     1
+    >>> launch(src, torch.tensor([1]), out[:1])  # the index may be a tensor
+    -1
+    >>> launch(torch.zeros(3, 2, dtype=torch.int32), np.array([1]), out[:1])
+    Traceback (most recent call last):
+    ...
+    TypeError: src and out must be of one kind, ... got src Tensor and out ndarray
     """
+    _check_kinds(src, index, out)
     check_launch(src, index, out)
     for name, a in (("src", src), ("index", index), ("out", out)):
         if isinstance(a, torch.Tensor):
@@ -557,6 +575,17 @@ def launch(src: torch.Tensor, index: torch.Tensor, out: torch.Tensor, *, aligned
     index = torch.from_numpy(np.ascontiguousarray(index)) if type(index) is np.ndarray else index.contiguous()
     return _run_team(_team_kernel(bool(aligned), src.element_size(), index.element_size()), threads,
                      src.data_ptr(), src.shape[0], src.shape[1], index.data_ptr(), index.shape[0], out.data_ptr())
+
+
+def _check_kinds(src, index, out):
+    """``TypeError`` unless every operand is a tensor or an array, and ``src`` and ``out`` of one kind (the
+    kernels take the raw pointers of one or the other)."""
+    for name, a in (("src", src), ("index", index), ("out", out)):
+        if not isinstance(a, (torch.Tensor, np.ndarray)):
+            raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(a).__name__}")
+    if isinstance(src, torch.Tensor) != isinstance(out, torch.Tensor):
+        raise TypeError("src and out must be of one kind, both torch tensors or both numpy arrays (the index may "
+                        f"be either), got src {type(src).__name__} and out {type(out).__name__}")
 
 
 def _launch_arrays(src, index, out, aligned):

@@ -215,6 +215,62 @@ def test_a_rank_killed_mid_training_ends_the_run_with_an_error_naming_it(root, t
     assert not any(_alive(p) for p in ranks.values())  # nothing left running
 
 
+#: Imported by every rank of a job (a sitecustomize): destroying the group waits for ever, as the exit handler's
+#: did when it deadlocked against a gloo worker waiting for the GIL, and rank 1 raises at its third step.
+_FAILING_RANK = """\
+import os
+if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ:
+    import threading
+    import torch
+    import torch.distributed as dist
+    dist.destroy_process_group = lambda *args, **kwargs: threading.Event().wait()
+    if os.environ["RANK"] == "1":
+        step, calls = torch.optim.Adam.step, []
+        def failing(self, *args, **kwargs):
+            calls.append(1)
+            if len(calls) == 3:
+                raise RuntimeError("rank 1 failed on purpose at its third step")
+            return step(self, *args, **kwargs)
+        torch.optim.Adam.step = failing
+"""
+
+
+def test_a_rank_that_raises_mid_training_ends_and_the_run_names_it(root, tmp_path):
+    """The failure path ends: the rank that raised exits at once (status 1) however its teardown would go
+    (destroying the group never returns here), the launcher stops the other rank, blocked in the step the
+    failed rank never joins, and names the failed one.  No fixed time: the job must keep making progress
+    until it ends (:func:`_wait`)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_FAILING_RANK)
+    env = dict(_env(), PYTHONPATH=os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    code, _, err = _run(["directload", *TRAIN, "--root", str(root), "--out", str(tmp_path / "out"), "--nproc", "2",
+                         "--loader", "directload"], env)
+    lines = err.strip().splitlines()
+    assert code == 1, err[-3000:]
+    assert "directload: error: rank 1 failed on purpose at its third step" in lines, err[-3000:]
+    assert lines[-1] == ("directload: error: rank 1 of 2 exited with status 1; the other ranks were stopped"), \
+        err[-3000:]
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.json"))  # no report
+
+
+def test_launch_checks_its_own_count_of_ranks_before_starting_any(monkeypatch):
+    from directload.harness import ddp
+
+    started = []
+    monkeypatch.setattr("torch.distributed.launcher.api.elastic_launch", lambda *a, **k: started.append(a))
+    for nproc, error, match in ((0, ValueError, "--nproc must be at least 1 rank, got 0"),
+                                (-2, ValueError, "at least 1 rank, got -2"),
+                                (2.0, TypeError, "nproc must be an integer number of ranks, got float 2.0"),
+                                (True, TypeError, "got bool True"), ("2", TypeError, "got str '2'"),
+                                (ddp.MAX_NPROC + 1, ValueError, "more ranks than this node can run: at most")):
+        with pytest.raises(error, match=match):
+            ddp.launch(nproc, [sys.executable, "-c", "pass"])
+    with pytest.raises(ValueError, match="argv must be a non-empty sequence"):
+        ddp.launch(1, [])
+    assert started == []
+
+
 def test_ranks_die_with_the_launcher(root, tmp_path):
     argv = [a if a != "2" or i != TRAIN.index("--epochs") + 1 else "200" for i, a in enumerate(TRAIN)]
     proc = subprocess.Popen([sys.executable, "-m", "directload", *argv, "--root", str(root), "--out", str(tmp_path),

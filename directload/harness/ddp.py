@@ -5,19 +5,22 @@ on every collective (:data:`TIMEOUT_S`), so a rank that dies makes the others fa
 ever.  ``directload train --nproc N`` starts the ranks itself through torchrun's own launcher
 (:func:`launch`, ``torch.distributed.launcher``), which watches them and stops every rank when one fails: a
 first version that spawned the ranks with ``torch.multiprocessing`` hung in CI.  Its work done, every rank
-ends through :func:`finish`, together, not through the interpreter's teardown; :func:`check_nproc` refuses
-more ranks than the node can run before any starts.
+ends through :func:`finish`, together, not through the interpreter's teardown; a rank that failed ends at its
+exit handler, at once, with status 1, and the launcher names it (:class:`RankFailed`).  :func:`check_nproc`
+refuses more ranks than the node can run before any starts, for the command line and :func:`launch` alike.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import NoReturn
 
+import numpy as np
 import torch
 
 from directload.errors import DirectloadError
@@ -41,12 +44,15 @@ class RankFailed(DirectloadError, RuntimeError):
     """A rank of a job :func:`launch` started failed; the other ranks were stopped."""
 
 
-def launch(nproc: int, argv: Sequence[str]) -> None:
+def launch(nproc: int, argv: Sequence[str], *, device: torch.device | str = "cpu") -> None:
     """Run ``argv`` (a command, ``argv[0]`` the program) as ``nproc`` ranks of one DDP job on this node, as
     ``torchrun --standalone --nproc-per-node nproc`` would (the ranks read ``RANK``, ``WORLD_SIZE``,
     ``LOCAL_RANK`` ...), through torchrun's own launcher.  Each rank gets ``cpu_count // nproc`` threads
     unless ``OMP_NUM_THREADS`` is set.  Returns when every rank has ended well; raises :class:`RankFailed`
-    naming the first rank that failed (the launcher stops the others: nothing is left running)."""
+    naming the first rank that failed (the launcher stops the others: nothing is left running).
+
+    ``nproc`` is checked first, as the command line checks ``--nproc`` (:func:`check_nproc`, for ranks
+    that train on ``device``): a bad count raises ``TypeError`` or ``ValueError`` before any rank starts."""
     import logging
     import signal
     import uuid
@@ -54,6 +60,9 @@ def launch(nproc: int, argv: Sequence[str]) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    check_nproc(nproc, device)
+    if isinstance(argv, str) or not argv:
+        raise ValueError(f"argv must be a non-empty sequence of arguments (a command), got {argv!r}")
     for name in [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed.elastic")]:
         logging.getLogger(name).setLevel(logging.CRITICAL)  # its warnings and its failure report: our one line says it
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
@@ -102,13 +111,16 @@ def nproc_ceiling(*, cores: int, available_bytes: int, gpus: int | None = None) 
 
 
 def check_nproc(nproc: int, device: torch.device | str = "cpu") -> None:
-    """Refuse, in one line, more ranks than this node can run (:func:`nproc_ceiling`, from this process's
-    usable cores, the host's available memory and, for a CUDA ``device``, its GPUs); starts nothing.
+    """Refuse, in one line, a count of ranks that is not a positive integer, or more ranks than this node can
+    run (:func:`nproc_ceiling`, from this process's usable cores, the host's available memory and, for a
+    CUDA ``device``, its GPUs); starts nothing.  The one check of ``--nproc`` and of :func:`launch`.
 
     Raises
     ------
+    TypeError
+        ``nproc`` is not an integer (``bool`` included).
     ValueError
-        ``nproc`` is above the ceiling.
+        ``nproc`` is below 1 or above the ceiling.
 
     Examples
     --------
@@ -120,6 +132,10 @@ def check_nproc(nproc: int, device: torch.device | str = "cpu") -> None:
     """
     import psutil
 
+    if isinstance(nproc, bool) or not isinstance(nproc, (int, np.integer)):
+        raise TypeError(f"nproc must be an integer number of ranks, got {type(nproc).__name__} {nproc!r}")
+    if nproc < 1:
+        raise ValueError(f"--nproc must be at least 1 rank, got {nproc}")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     gpus = torch.cuda.device_count() if torch.device(device).type == "cuda" else None
     most, why = nproc_ceiling(cores=cores, available_bytes=psutil.virtual_memory().available, gpus=gpus)
@@ -161,9 +177,15 @@ def finish() -> NoReturn:
 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()  # bounded by the group's timeout
+    _end(0)
+
+
+def _end(status: int) -> NoReturn:
+    """Flush the output and end this process with ``status`` now: no exit handler, no group destroyed."""
     for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    os._exit(0)
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe or file: nothing more to say
+            stream.flush()
+    os._exit(status)
 
 
 def _backend(device):
@@ -191,14 +213,19 @@ def join_torchrun(device: torch.device | str = "cpu") -> tuple[int, int]:
         if torch.device(device).type == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(_backend(device), timeout=timedelta(seconds=TIMEOUT_S))
-        # a group left to the interpreter's teardown once aborted a rank at exit ("terminate called without an
-        # active exception"), failing torchrun's job: leave it first
         atexit.register(_leave)
     return world()
 
 
 def _leave():
+    """The exit handler of a rank that joined a job, run only where the rank did not end through
+    :func:`finish`: it raised (its one-line error already printed) or was interrupted.  It ends the process
+    at once, status 1, so the launcher sees the rank fail and stops the others (:class:`RankFailed`).
+
+    Neither of the other ways out ends: destroying the group deadlocked as :func:`finish` explains (a gloo
+    worker that waits for the GIL this handler holds), and a group left to the interpreter's teardown is
+    destroyed there the same way, or aborts the rank ("terminate called without an active exception")."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+        _end(1)

@@ -39,8 +39,8 @@ from typing import Any
 
 from directload.errors import DirectloadError
 
-__all__ = ["DistLaunchError", "MachineFailed", "check_host", "launch_machines", "machine_main", "SUBNET", "link_names",
-           "links_of", "sweep_links"]
+__all__ = ["DistLaunchError", "MachineFailed", "check_host", "launch_machines", "machine_main", "watch", "error_line",
+           "SUBNET", "SETTLE_S", "link_names", "links_of", "sweep_links"]
 
 SUBNET = "10.200.0"
 #: The host's links a launcher makes: its bridge ``dlb<pid>`` and each machine's ``dlh<pid>m<i>``.
@@ -68,12 +68,35 @@ def _run(cmd, what):
     return proc.stdout
 
 
+#: The capabilities (bit numbers of ``CapEff``, linux/capability.h) that making the machines' namespaces,
+#: mounts and links takes: a root process in a container may lack them.
+_CAPABILITIES = {"CAP_SYS_ADMIN": 21, "CAP_NET_ADMIN": 12}
+
+
+def _effective_capabilities():
+    """This process's effective capability bits (``/proc/self/status``), or None where it cannot say."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^CapEff:\s*([0-9a-fA-F]+)$", status, re.MULTILINE)
+    return int(found.group(1), 16) if found else None
+
+
 def check_host() -> None:
-    """Raise :class:`DistLaunchError` in one line unless this host can run machines in namespaces."""
+    """Raise :class:`DistLaunchError` in one line unless this host can run machines in namespaces: root with
+    the capabilities to make namespaces and links (:data:`_CAPABILITIES`), and the tools.  What a launch
+    refuses first: no other advice matters on a host that cannot run one."""
     if os.geteuid() != 0:
         raise DistLaunchError("emulating several DistDGL machines on one host needs root (network and mount "
                               "namespaces, a private /dev/shm per machine); run on real machines with DGL's "
                               "launch tool otherwise")
+    caps = _effective_capabilities()
+    missing = [] if caps is None else [name for name, bit in _CAPABILITIES.items() if not caps >> bit & 1]
+    if missing:
+        raise DistLaunchError(f"emulating several DistDGL machines on one host needs {' and '.join(missing)} to make "
+                              "network and mount namespaces, which this root process lacks (a container started "
+                              "without them: add them, or run on real machines with DGL's launch tool)")
     for tool in ("unshare", "ip", "mount"):
         if shutil.which(tool) is None:
             raise DistLaunchError(f"`{tool}` is not installed: emulating several machines on one host needs it "
@@ -155,8 +178,9 @@ def launch_machines(n: int, command: Sequence[str], *, workdir: os.PathLike[str]
                     env: Mapping[str, str] | None = None) -> list[int]:
     """Run ``n`` machines and wait for them; each runs ``command`` (a list; ``{machine}`` in it is the
     machine's index) through :func:`machine_main` inside its namespaces.  Returns the machines' exit codes
-    (all 0), or raises :class:`MachineFailed` naming the first machine that failed, after stopping the
-    others, or :class:`DistLaunchError` when the host cannot do it.  However it ends, the machines are
+    (all 0), or raises :class:`MachineFailed` naming the machine and process that failed first in time (not
+    the first seen to fail, nor one that failed because of it: :data:`SETTLE_S`), after stopping the others,
+    or :class:`DistLaunchError` when the host cannot do it.  However it ends, the machines are
     stopped and the bridge and links it made are deleted before it returns or raises; SIGTERM and SIGHUP
     end it as SIGINT does (``SystemExit`` with 128 + the signal's number, after the same clean-up)."""
     check_host()
@@ -246,29 +270,166 @@ def _signals_held():
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
-def _wait_all(procs, timeout):
+def _wait_all(procs: Sequence[subprocess.Popen[str]], timeout: float, settle: float | None = None) -> list[int]:
+    """The machines' exit codes once all ended well, or :class:`MachineFailed` naming the failure that came
+    first in time: once one machine has failed, the others get ``settle`` seconds (:data:`SETTLE_S`) to
+    report what it caused, and the earliest death among the reports is named, whichever machine was seen to
+    fail first (each machine's report says when its failed process died: :func:`machine_main`)."""
+    settle = SETTLE_S if settle is None else settle
     deadline = time.monotonic() + timeout
+    noticed: dict[int, int] = {}  # machine -> when this launcher saw it fail (monotonic ns)
     while True:
         codes = [p.poll() for p in procs]
-        failed = next((i for i, c in enumerate(codes) if c not in (None, 0)), None)
-        if failed is not None:
-            why = procs[failed].stdout.read().strip().splitlines()
-            raise MachineFailed(why[-1] if why else f"machine {failed} exited with {codes[failed]}")
+        for i, code in enumerate(codes):
+            if code not in (None, 0):
+                noticed.setdefault(i, time.monotonic_ns())
+        if noticed and (None not in codes or time.monotonic_ns() - min(noticed.values()) >= settle * 1e9):
+            raise MachineFailed(_first_failure(procs, codes, noticed))
         if all(c == 0 for c in codes):
-            return codes
+            return [0] * len(codes)
         if time.monotonic() > deadline:
             raise MachineFailed(f"the machines did not finish within {timeout:.0f} s; they were stopped")
-        time.sleep(0.2)
+        time.sleep(0.05)
+
+
+def _first_failure(procs, codes, noticed):
+    """The message of the failed machine whose failed process died first: its report's time of death, or,
+    for a machine that could not report (its own process failed), when the launcher saw it end."""
+    found = []
+    for i in noticed:
+        lines = [line.strip() for line in procs[i].stdout.read().splitlines() if line.strip()]
+        report = _report_of(lines[-1]) if lines else None
+        if report is None:
+            said = lines[-1] if lines and lines[-1] != "ready" else None
+            report = (noticed[i], said or f"machine {i} exited with {_signal_name(codes[i])}")
+        found.append(report)
+    return min(found)[1]
+
+
+def _report_of(line):
+    """``(died, message)`` from a machine's last line (:func:`machine_main`'s report), or None."""
+    try:
+        report = json.loads(line)
+        return int(report["died"]), str(report["message"])
+    except (ValueError, TypeError, KeyError):
+        return None
 
 
 def _signal_name(code):
     return signal.Signals(-code).name if code < 0 else f"exit {code}"
 
 
+#: Seconds a launcher (and a machine) waits, once a process has failed, for the failures that one caused to
+#: be reported as well, so that the failure it names is the first to happen, not the first to be seen (a
+#: trainer aborts after its server dies, and its machine may tell first).
+SETTLE_S = 1.0
+
+#: Lines of a crash dump (faulthandler's on a fatal signal, a traceback's frames): never an error message.
+_DUMP = re.compile(r"^(Fatal Python error|Current thread|Thread 0x|Stack \(most recent call first\)|"
+                   r"Extension modules:|Traceback \(most recent call last\)|<no Python frame>|\s+File \")")
+#: Lines that say what failed: ours, a Python exception's last line, a C++ exception's ``what()``.
+_ERROR = re.compile(r"^(directload: error: (?P<ours>.+)|(?P<exc>[A-Za-z_][\w.]*(Error|Exception|Interrupt)(: .*)?)"
+                    r"|\s*what\(\):\s+(?P<what>.+))$")
+
+
+def error_line(log: str) -> str | None:
+    r"""The line of a process's ``log`` that says why it failed: the last that is directload's own error
+    (without its ``directload: error:`` prefix), a Python exception's last line (``RuntimeError: ...``) or a
+    C++ exception's ``what()``, never a line of a crash dump (faulthandler's ``Fatal Python error``,
+    ``Current thread``, ``Extension modules: ...``, stack frames); None where there is none.
+
+    Examples
+    --------
+    >>> dump = 'Fatal Python error: Aborted\n\nCurrent thread 0x01 (most recent call first):\n  File "x.py", line 3'
+    >>> error_line("Server is waiting\nRuntimeError: connection reset\n" + dump + "\nExtension modules: numpy")
+    'RuntimeError: connection reset'
+    >>> error_line(dump + "\nExtension modules: numpy.core._multiarray_umath (total: 1)") is None
+    True
+    """
+    for line in reversed(log.splitlines()):
+        if not line.strip() or _DUMP.match(line):
+            continue
+        found = _ERROR.match(line.rstrip())
+        if found:
+            return (found["ours"] or found["exc"] or found["what"]).strip()
+    return None
+
+
+class _Deaths:
+    """When each of a machine's processes died, as it happens: a thread per process waits for it to end
+    (``waitid`` without reaping it), reads the monotonic clock (one clock for every machine of the host:
+    they have network and mount namespaces of their own, not time namespaces), then reaps it.  A process
+    reaped has its time of death recorded."""
+
+    def __init__(self, procs: Mapping[str, subprocess.Popen[Any]]) -> None:
+        self._lock = threading.Lock()
+        self._ended: dict[str, tuple[int, int]] = {}  # role -> (died, exit code)
+        self.changed = threading.Event()
+        for role, proc in procs.items():
+            threading.Thread(target=self._watch, args=(role, proc), name=f"directload-{role}-watch",
+                             daemon=True).start()
+
+    def _watch(self, role, proc):
+        with contextlib.suppress(ChildProcessError):
+            os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+        died = time.monotonic_ns()
+        code = proc.wait()
+        with self._lock:
+            self._ended[role] = (died, code)
+        self.changed.set()
+
+    def ended(self):
+        """``{role: (died, exit code)}`` of the processes that have ended, so far."""
+        with self._lock:
+            return dict(self._ended)
+
+
+def watch(index: int, server: subprocess.Popen[Any], trainer: subprocess.Popen[Any], *,
+          settle: float | None = None) -> tuple[int, str] | None:
+    """Wait for machine ``index``'s ``server`` and ``trainer``: None when both ended well, else ``(died,
+    message)`` of the one that failed first (``died``: when, in monotonic ns).  Once one has failed, the
+    other has ``settle`` seconds (:data:`SETTLE_S`) to end too, so that a trainer that aborted because its
+    server died is not taken for the cause.  A server that ends before its trainer finished has failed,
+    unless with status 0.  The message names the process, how it ended and its log's :func:`error_line`
+    (``machine{index}-{role}.log`` in the working directory)."""
+    settle = SETTLE_S if settle is None else settle
+    deaths = _Deaths({"server": server, "trainer": trainer})
+    first = None  # when a failure was first seen (monotonic)
+    while True:
+        ended = deaths.ended()
+        failed = {role: ended[role] for role in ended if ended[role][1] != 0}
+        if not failed and len(ended) == 2:
+            return None
+        left = None  # nothing failed: wait for the next end, however long the run takes
+        if failed:
+            first = first or time.monotonic()
+            left = settle - (time.monotonic() - first)
+            if len(ended) == 2 or left <= 0:
+                role = min(failed, key=lambda r: failed[r][0])
+                return failed[role][0], _failure(index, role, failed[role][1], ended.get("trainer"))
+        deaths.changed.wait(left)
+        deaths.changed.clear()
+
+
+def _failure(index, role, code, trainer):
+    """What machine ``index``'s failed ``role`` says, in one line (``trainer``: how the trainer ended, if it
+    has)."""
+    path = Path(f"machine{index}-{role}.log")
+    said = error_line(path.read_text(errors="replace")) if path.is_file() else None
+    how = _signal_name(code)
+    if role == "trainer":
+        return f"the trainer of machine {index} failed ({how}): {said or f'no error line in {path.name}'}"
+    tail = f": {said}" if said else ""
+    if trainer is not None and trainer[1] == 0:
+        return f"the server of machine {index} failed ({how}) after its trainer finished{tail}"
+    return f"the server of machine {index} ended ({how}) before its trainer finished; the run was stopped{tail}"
+
+
 def machine_main(index: int, roles: Sequence[str]) -> int:
     """Inside machine ``index``'s namespaces: a private ``/dev/shm``, the machine's address, then its server
-    and trainer (``roles``: the command of each, run with ``role`` appended).  Returns the exit code; the
-    last line printed says what failed."""
+    and trainer (``roles``: the command of each, run with ``role`` appended).  Returns the exit code; where
+    it is 1, the last line printed is the report of what failed first (:func:`watch`), as JSON:
+    ``{"died": monotonic ns, "message": ...}``."""
     print("ready", flush=True)
     link = sys.stdin.readline().strip()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=1777", f"directload-machine{index}", "/dev/shm"], check=True)
@@ -283,19 +444,11 @@ def machine_main(index: int, roles: Sequence[str]) -> int:
     server, trainer = (subprocess.Popen([*roles, role], stdout=logs[role], stderr=subprocess.STDOUT, env=env,
                                         preexec_fn=_die_with_parent) for role in ("server", "trainer"))
     try:
-        while True:
-            s, t = server.poll(), trainer.poll()
-            if s not in (None, 0) and t is None:
-                print(f"the server of machine {index} ended ({_signal_name(s)}) before its trainer finished; "
-                      "the run was stopped", flush=True)
-                return 1
-            if t is not None and t != 0:
-                print(f"the trainer of machine {index} failed ({_signal_name(t)}): {_last_line(index, 'trainer')}",
-                      flush=True)
-                return 1
-            if t == 0 and s is not None:
-                return 0 if s == 0 else 1
-            time.sleep(0.1)
+        failed = watch(index, server, trainer)
+        if failed is not None:
+            print(json.dumps({"died": failed[0], "message": failed[1]}), flush=True)
+            return 1
+        return 0
     finally:
         for proc in (trainer, server):
             if proc.poll() is None:
@@ -304,10 +457,6 @@ def machine_main(index: int, roles: Sequence[str]) -> int:
         for log in logs.values():
             log.close()
 
-
-def _last_line(index, role):
-    lines = Path(f"machine{index}-{role}.log").read_text(errors="replace").strip().splitlines()
-    return lines[-1] if lines else "no output"
 
 
 def write_ip_config(n: int, port: int, directory: os.PathLike[str] | str) -> Path:

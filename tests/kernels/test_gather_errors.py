@@ -1,5 +1,6 @@
 """Bad input raises a clear, typed error before any kernel runs, and touches no output."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -248,3 +249,33 @@ def test_tensors_without_memory_are_refused_typed_never_dereferenced():
             assert "ValueError" in line and "meta device" in line, line
         else:
             assert "TypeError" in line and "dense tensor" in line, line
+
+
+@pytest.mark.parametrize("kinds", ["tensor src, array out", "array src, tensor out", "list index", "list out"])
+def test_cpu_launch_refuses_operands_of_mixed_kinds_typed(kinds):
+    """The CPU launch takes torch tensors or numpy arrays, ``src`` and ``out`` of one kind, as it dereferences one
+    kind's raw pointers (mixed, it raised AttributeError); the index may be either, as gather takes it."""
+    from directload.kernels import cpu
+
+    src, index = torch.arange(12, dtype=torch.int32).view(6, 2), torch.tensor([5, 0])
+    out = torch.zeros(2, 2, dtype=torch.int32)
+    src, index, out = {"tensor src, array out": (src, index, out.numpy()),
+                       "array src, tensor out": (src.numpy(), index, out),
+                       "list index": (src, [5, 0], out), "list out": (src, index, [[0, 0], [0, 0]])}[kinds]
+    match = ("src and out must be of one kind, both torch tensors or both numpy arrays" if "," in kinds else
+             f"{kinds.split()[1]} must be a torch.Tensor or numpy.ndarray, got list")
+    with pytest.raises(TypeError, match=match):
+        cpu.launch(src, index, out)
+    if "," in kinds:
+        assert not np.asarray(out).any()  # nothing written
+
+
+@pytest.mark.parametrize("kind", ["tensor", "array"])
+def test_cpu_launch_takes_an_index_of_either_kind(kind):
+    from directload.kernels import cpu
+
+    src = torch.arange(12, dtype=torch.int32).view(6, 2)
+    out = torch.zeros(2, 2, dtype=torch.int32)
+    index = torch.tensor([5, 0]) if kind == "tensor" else np.array([5, 0])
+    assert cpu.launch(src, index, out) == -1 and out.tolist() == [[10, 11], [0, 1]]
+    assert cpu.launch(src.numpy(), index, out.numpy()) == -1 and out.tolist() == [[10, 11], [0, 1]]

@@ -15,12 +15,14 @@ from directload.stores import tensor as tensor_store
 
 # Every function a CUDA gather runs through on the way to its launch, and the future's wait/done.
 HOT = [
-    api.gather, api.gather_async, api._gather_gpu_fast, api._launch_gpu, api._auto_backend, api._check_index,
+    api.gather, api.gather_async, api._gather_gpu_fast, api._launch_gpu, api._start_gpu, api._check_ids_gpu,
+    api._auto_backend, api._check_index,
     api.GatherFuture.wait, api.GatherFuture.done,
     gpu_path.cached_table, gpu_path.table_for, gpu_path.launch, gpu_path.as_variant, gpu_path.GpuTable.matches,
     gpu_path.GpuTable.variant_for,
     bounds.bounds_for, bounds.DeviceBounds.stamp, bounds.DeviceBounds.raise_pending, bounds.DeviceBounds.raise_for,
-    unified._gather, tensor_store.TensorStore._read_async, tensor_store.TensorStore._bounds_on_device,
+    bounds.ids_from_end, unified._gather, unified._shift_from_end, tensor_store.TensorStore._read_async,
+    tensor_store.TensorStore._bounds_on_device,
 ]
 # What reads a device value on the host (a device-to-host sync).
 SYNCS = {"int", "item", "tolist", "cpu", "synchronize", "numpy", "float", "bool", "nonzero", "any", "all"}

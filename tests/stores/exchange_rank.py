@@ -214,20 +214,27 @@ def run_disagree(rank, world, scenario):
 
 def run_zero(rank, world):
     """Rows of 0 bytes (a row shape with a 0 in it) read as the right empty rows, through a PartitionedStore
-    and the exchange alone, and keep the ranks in step for a table of real rows after them."""
+    and the exchange alone, whatever the ids (a list, numpy, int32, none, into ``out``) and bounds (a rank
+    that holds no rows), and keep the ranks in step for a table of real rows after them."""
     failures = []
-    for n, shape, dtype in ((7, (0,), torch.float32), (5, (3, 0), torch.float64), (40, (6,), torch.int16)):
+    for n, shape, dtype, parts in ((7, (0,), torch.float32, None), (5, (3, 0), torch.float64, None),
+                                   (4, (0,), torch.int8, [4] + [0] * (world - 1)), (40, (6,), torch.int16, None)):
         table = table_of(n, shape, dtype)
-        bounds = partition_bounds(n, world)
+        bounds = partition_bounds(n, world) if parts is None else np.concatenate([[0], np.cumsum(parts)])
         lo, hi = int(bounds[rank]), int(bounds[rank + 1])
         local = TensorStore(table[lo:hi].clone())
         exchange = RowExchange(local, bounds, timeout=30)
         store = PartitionedStore(local, exchange, bounds, part=rank, own=True)
+        ids = [n - 1, 0, 0, n // 2, rank % n]
         for target in (store, exchange, store):
-            ids = torch.tensor([n - 1, 0, 0, n // 2, rank % n])
-            got = target.read(ids)
-            if not same_bits(got, table[ids]):
-                failures.append(f"{dtype} {shape}: read {got.dtype} {tuple(got.shape)}")
+            for given, out in ((torch.tensor(ids), None), (ids, None), (np.array(ids, np.int32), None),
+                               (torch.tensor(ids, dtype=torch.int32), torch.empty((len(ids), *shape), dtype=dtype)),
+                               ([], None)):
+                got = target.read(given, out=out)
+                want = table[torch.as_tensor(given, dtype=torch.int64)]
+                if not same_bits(got, want) or (out is not None and got is not out):
+                    failures.append(f"{dtype} {shape} {bounds.tolist()}: {type(given).__name__} read {got.dtype} "
+                                    f"{tuple(got.shape)}")
         store.close()
         exchange.close()
     return {"failures": failures}

@@ -88,7 +88,7 @@ def run_training(args: argparse.Namespace, models: Sequence[str], loaders: Seque
     if nproc > 1:  # the ranks: this command again, nproc times, under torchrun's launcher (in the cgroup if any)
         load(args.root, args.dataset)  # the dataset's caches are written here, once, before any rank reads them
         memcap.guard_children()  # they die with this process
-        ddp.launch(nproc, [*args.rerun, "--nproc", "1"])
+        ddp.launch(nproc, [*args.rerun, "--nproc", "1"], device=device)
         return 0
     if limit is not None:
         from directload.kernels.host_pool import default_pool

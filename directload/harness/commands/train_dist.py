@@ -15,7 +15,9 @@ __all__ = ["run"]
 
 def run(args: argparse.Namespace, models: Sequence[str], loaders: Sequence[str]) -> int:
     """``train --dist N`` for ``models`` and ``loaders``: its own refusals first (they name --dist), then the
-    options' check of every run."""
+    options' check of every run, then whether this host can emulate machines at all (root, namespaces), and
+    only then what the run reads (the partitions): a host that cannot run it is told so before any advice
+    about files it would make in vain."""
     from directload.capabilities import require
     from directload.datasets import PRESETS, dataset_exists, synthesize
 
@@ -35,6 +37,7 @@ def run(args: argparse.Namespace, models: Sequence[str], loaders: Sequence[str])
     if "dgl" in loaders and kind != "memory":
         raise ValueError("DGL's own fetch reads the features its servers hold: --loader dgl (or both) needs "
                          "--features memory")
+    check_host()  # root, namespaces, unshare and ip: decisive, so before anything about the partitions
     config = partition_dir(args.root, args.dataset, args.dist, kind) / f"{args.dataset}.json"
     if not config.exists():
         raise FileNotFoundError(f"{config} does not exist: partition first with `directload dataset partition "
@@ -44,7 +47,6 @@ def run(args: argparse.Namespace, models: Sequence[str], loaders: Sequence[str])
     from directload.loaders.dgl.distributed import read_partitions
 
     config = read_partitions(config)["config"]  # before any work: one partitioning, this generation from here
-    check_host()  # root, unshare and ip
     if args.dataset in PRESETS and not dataset_exists(args.root, args.dataset):
         synthesize(args.root, args.dataset, progress=not args.no_progress)
     report = {"dataset": args.dataset, "machines": args.dist, "features": args.features, "runs": []}

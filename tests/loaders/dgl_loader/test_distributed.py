@@ -5,6 +5,7 @@ server or a stopped launcher ending the run with nothing left behind, a later la
 launcher left.  Each test counts only what its own launcher made (the links named with its pid, the shared
 memory of its graph), and waits for events, bounded by the launcher's own timeout, not for fixed times."""
 
+import contextlib
 import json
 import os
 import re
@@ -189,14 +190,14 @@ def test_two_machines_train_on_partitions_dgl_wrote_alone(root, tmp_path):
     assert _links_of(os.getpid()) == []
 
 
-def _launch(root, tmp_path):
+def _launch(root, tmp_path, env=None):
     """``directload train --dist 2`` as its own process (the launcher), long enough to be stopped in training;
     its stdout and stderr go to files in ``tmp_path``."""
     cmd = [sys.executable, "-m", "directload", "train", "--dist", "2", "--dataset", "synth-tiny", "--root", str(root),
            "--loader", "directload", "--epochs", "200", "--fanouts", "4", "4", "--batch-size", "64", "--no-progress",
            "--out", str(tmp_path / "out")]
     with open(tmp_path / "stdout", "w") as out, open(tmp_path / "stderr", "w") as err:
-        return subprocess.Popen(cmd, stdout=out, stderr=err, preexec_fn=_default_signals)
+        return subprocess.Popen(cmd, stdout=out, stderr=err, preexec_fn=_default_signals, env=env)
 
 
 def _default_signals():
@@ -305,6 +306,55 @@ def test_a_server_killed_in_training_ends_the_run_in_one_line_and_removes_every_
             proc.wait()
 
 
+def _reaped(pid):
+    """Whether process ``pid`` is gone from /proc: reaped by its parent (a machine records a process's death
+    before it reaps it)."""
+    for _ in range(600000):  # a SIGKILLed process is reaped in milliseconds; this only keeps the loop finite
+        if not os.path.exists(f"/proc/{pid}"):
+            return True
+        time.sleep(0.001)
+    return False
+
+
+@needs_host
+@pytest.mark.slow
+def test_a_killed_server_is_named_though_the_trainers_abort_because_of_it(root, tmp_path):
+    """As outside runs saw: the server of machine 1 dies, then the trainers abort (SIGABRT) with faulthandler's
+    dump in their logs, machine 0's too.  The launcher names the server of machine 1, the first to die, never a
+    trainer, nor a line of a crash dump, whichever machine tells first."""
+    _partition(root, "memory")
+    proc = _launch(root, tmp_path, env=dict(os.environ, PYTHONFAULTHANDLER="1"))
+    aborted = []
+
+    def kill_then_abort(run):
+        (server,) = _pids(run, "server", 1)
+        os.kill(server, signal.SIGKILL)
+        assert _reaped(server)  # its machine has recorded its death
+        for machine in (1, 0):
+            for pid in _pids(run, "trainer", machine):
+                with contextlib.suppress(ProcessLookupError):  # machine 1 may have stopped its trainer already
+                    os.kill(pid, signal.SIGABRT)
+                    aborted.append(machine)
+        return run
+
+    try:
+        run = _when_training(proc, kill_then_abort)
+        proc.wait(timeout=1800)  # a hang guard only: the launcher's own timeout is 600 s
+        err = (tmp_path / "stderr").read_text(errors="replace")
+        assert run is not None, err
+        assert proc.returncode == 1 and 0 in aborted, err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1, err
+        assert lines[0].startswith("directload: error: the server of machine 1 ended (SIGKILL) before its trainer "
+                                   "finished; the run was stopped (the machines' logs are in "), err
+        assert "Fatal Python error: Aborted" in (run / "machine0-trainer.log").read_text(errors="replace")
+        shutil.rmtree(run)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 @needs_host
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
@@ -388,6 +438,28 @@ def test_dist_without_partitions_says_how_to_make_them(tmp_path, capsys):
     assert main(["train", "--dist", "3", "--dataset", "synth-tiny", "--root", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "directload dataset partition --name synth-tiny --parts 3 --features memory" in err
+
+
+@pytest.mark.parametrize("host, says", [
+    ("not root", "emulating several DistDGL machines on one host needs root "),
+    ("root without namespaces", "needs CAP_SYS_ADMIN and CAP_NET_ADMIN to make network and mount namespaces"),
+])
+def test_a_host_that_cannot_run_machines_says_so_before_any_advice_about_partitions(tmp_path, capsys, monkeypatch,
+                                                                                     host, says):
+    """The real command and its real host check, for a user who is not root (``os.geteuid`` says so: the
+    interpreter lives in root's home, which no other user may enter here) or a root process without the
+    capabilities to make namespaces (a container's): no partition exists, but the one line is the host's
+    refusal, not "partition first", which would send the user to partition in vain."""
+    from directload.harness import dist
+
+    monkeypatch.setattr(dist.os, "geteuid", lambda: 0 if host.startswith("root") else 65534)
+    if host.startswith("root"):
+        monkeypatch.setattr(dist, "_effective_capabilities", lambda: 1 << 0)  # CAP_CHOWN alone
+    assert main(["train", "--dist", "2", "--dataset", "synth-tiny", "--root", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("directload: error: emulating several DistDGL machines")
+    assert says in err and "partition" not in err, err
+    assert list(tmp_path.iterdir()) == []  # nothing written
 
 
 def test_a_host_that_cannot_emulate_machines_is_named_in_one_line(monkeypatch):
