@@ -15,10 +15,15 @@ cgroup (``--memory-limit``, needs root) and starts cold:
   written here before the runs), the caches filling from its hot rows in sequential reads in the background
   from the start of the first epoch (``--packed``), the epoch's own reads first.
 
-The cgroup's limit is the host cache plus ``--headroom`` (what a disk-store run needs besides).  For each
-configuration the table gives the first epoch and the median steady epoch (every epoch after the
-first), their ratio, the steady epoch as a percentage of the in-memory one (G10's "% of ideal") and the
-host tier's hit rates and bytes per steady epoch.  Writes ``results/out_of_core.json`` and ``.png``.
+The cgroup's limit is what the configuration's feature store holds at most, as the store itself says
+before it is opened (:meth:`~directload.stores.StoreSpec.held_estimate`: the caches with their read-ahead
+slots, a GPU tier's host buffer where CUDA does not run, the buffers reads stage rows in, the caches'
+bookkeeping; a disk store's staging; nothing for DGL's loader), plus ``--headroom``, the same for every
+configuration: what the run needs besides (the interpreter, the frameworks, the graph, the batches).  For
+each configuration the table gives the first epoch and the median steady epoch (every epoch after the
+first), their ratio, the steady epoch as a percentage of the in-memory one (G10's "% of ideal"), the host
+tier's hit rates and bytes per steady epoch, and the cgroup's cap and the most memory it held.  Writes
+``results/out_of_core.json`` and ``.png``.
 """
 
 import argparse
@@ -33,38 +38,45 @@ from _common import RESULTS, pack_disk_store, print_table, system_facts, write_j
 
 from directload.capabilities import capabilities
 from directload.datasets import PRESETS, dataset_exists, load, synthesize
-from directload.harness.parser import HelpFormatter
+from directload.harness.commands.runs import check_args
+from directload.harness.memcap import PEAK_LINE
+from directload.harness.parser import HelpFormatter, build_parser
 from directload.harness.plotting import pyplot, save_figure
+from directload.harness.train_inputs import run_memory, table_shape
 from directload.units import parse_size
 
 
-def configs(args, table_bytes, cuda):
-    """(name, ``directload train`` arguments) of every configuration.  Where CUDA does not run, the "GPU"
-    cache is a buffer in host memory, so the cgroup of a configuration with one holds it too (without it
-    TieredStore packed was OOM-killed at the plain cap)."""
+def configs(args, table_bytes):
+    """(name, ``directload train`` arguments but the cap) of every configuration."""
     host = int(table_bytes * args.host_frac)
     gpu = int(table_bytes * args.gpu_frac)
     staging = str(args.staging)
-    cap = str(host + args.headroom_bytes)
-    tiered_cap = str(host + args.headroom_bytes + (0 if cuda else gpu))
-    disk_cap = str(args.headroom_bytes)
+    tiered = ["--loader", "directload", "--features", "tiered", "--host-cache", str(host), "--staging", staging]
     out = [("in memory", ["--loader", "directload", "--features", "memory"]),
-           ("DGL + memmap", ["--loader", "dgl", "--features", "disk", "--memory-limit", disk_cap]),
-           ("DiskStore", ["--loader", "directload", "--features", "disk", "--memory-limit", disk_cap])]
+           ("DGL + memmap", ["--loader", "dgl", "--features", "disk"]),
+           ("DiskStore", ["--loader", "directload", "--features", "disk"])]
     for policy in ("lru", "sieve", "lookahead"):
-        out.append((f"HostCache {policy}", ["--loader", "directload", "--features", "tiered", "--host-cache",
-                                            str(host), "--staging", staging, "--policy", policy,
-                                            "--memory-limit", cap]))
-    out.append(("TieredStore", ["--loader", "directload", "--features", "tiered", "--host-cache", str(host),
-                                "--gpu-cache", str(gpu), "--staging", staging, "--policy", "lookahead",
-                                "--memory-limit", tiered_cap]))
-    out.append(("HostCache lookahead packed", ["--loader", "directload", "--features", "tiered", "--host-cache",
-                                               str(host), "--staging", staging, "--policy", "lookahead", "--packed",
-                                               "--memory-limit", cap]))
-    out.append(("TieredStore packed", ["--loader", "directload", "--features", "tiered", "--host-cache", str(host),
-                                       "--gpu-cache", str(gpu), "--staging", staging, "--policy", "lookahead",
-                                       "--packed", "--memory-limit", tiered_cap]))
+        out.append((f"HostCache {policy}", [*tiered, "--policy", policy]))
+    out.append(("TieredStore", [*tiered, "--gpu-cache", str(gpu), "--policy", "lookahead"]))
+    out.append(("HostCache lookahead packed", [*tiered, "--policy", "lookahead", "--packed"]))
+    out.append(("TieredStore packed", [*tiered, "--gpu-cache", str(gpu), "--policy", "lookahead", "--packed"]))
     return out
+
+
+def train_argv(args, extra):
+    """``directload train``'s arguments of a configuration (``extra``): the same run for every one."""
+    return ["train", "--dataset", args.dataset, "--root", args.root, "--framework", "dgl", "--model", "sage",
+            "--epochs", str(args.epochs), "--seeds", "1", "--fanouts", *map(str, args.fanouts), "--batch-size",
+            str(args.batch_size), "--eval-nodes", "1000", "--eval-batch-size", "512", "--no-progress", *extra]
+
+
+def stack_bytes(args, extra, cuda):
+    """What the configuration's feature store holds at most (its spec's ``held_estimate``, as ``directload
+    train`` counts it against ``--memory-limit``): 0 for DGL's own loader, which reads no store."""
+    parsed = build_parser().parse_args(train_argv(args, extra))
+    options = check_args(parsed, [parsed.model], [parsed.loader])
+    shape = table_shape(args.root, args.dataset)
+    return sum(run_memory(options, shape, loaders=(parsed.loader,), cuda=cuda)["stack"].values())
 
 
 def warm_page_cache(path, chunk=64 << 20):
@@ -76,19 +88,18 @@ def warm_page_cache(path, chunk=64 << 20):
             pass
 
 
-def run(args, extra, out_dir):
-    cmd = [sys.executable, "-m", "directload", "train", "--dataset", args.dataset, "--root", args.root,
-           "--framework", "dgl", "--model", "sage", "--epochs", str(args.epochs), "--seeds", "1",
-           "--fanouts", *map(str, args.fanouts), "--batch-size", str(args.batch_size), "--eval-nodes", "1000",
-           "--eval-batch-size", "512", "--no-progress", "--out", str(out_dir), *extra]
+def run(args, extra, out_dir, cap=None):
+    cmd = [sys.executable, "-m", "directload", *train_argv(args, extra), "--out", str(out_dir),
+           *(["--memory-limit", str(cap)] if cap else [])]
     proc = subprocess.run(cmd, capture_output=True, text=True)
+    peak = next((int(line.split()[3]) for line in proc.stdout.splitlines() if line.startswith(PEAK_LINE)), None)
     if proc.returncode:
-        return {"error": f"exit {proc.returncode}: {(proc.stderr or proc.stdout)[-600:]}"}
+        return {"error": f"exit {proc.returncode}: {(proc.stderr or proc.stdout)[-600:]}", "cap": cap, "peak": peak}
     report = json.loads(next(Path(out_dir).glob("*.json")).read_text())
     epochs = report["runs"][0]["epochs"]
     steady = [e["epoch_s"] for e in epochs[1:]]
     warm = report["runs"][0].get("warm")  # starting the caches' fill (it runs on) counts in the first epoch
-    row = {"first_s": epochs[0]["epoch_s"] + (warm["seconds"] if warm else 0.0), "warm": warm,
+    row = {"cap": cap, "peak": peak, "first_s": epochs[0]["epoch_s"] + (warm["seconds"] if warm else 0.0), "warm": warm,
            "steady_s": statistics.median(steady), "steady_min_s": min(steady), "steady_max_s": max(steady),
            "test_acc": report["runs"][0]["test_acc"], "epochs": epochs}
     tiers = [e.get("tiers") for e in epochs[1:] if e.get("tiers")]
@@ -107,7 +118,8 @@ def main(argv=None):
     p.add_argument("--host-frac", type=float, default=0.25, help="host cache, as a fraction of the table")
     p.add_argument("--gpu-frac", type=float, default=0.05, help="GPU cache, as a fraction of the table")
     p.add_argument("--staging", default="256M", help="read-ahead slots of the host tier")
-    p.add_argument("--headroom", default="1.5G", help="the cgroup's memory besides the host cache")
+    p.add_argument("--headroom", default="1.5G",
+                   help="the cgroup's memory besides what the configuration's feature store holds")
     p.add_argument("--pack-epochs", type=int, default=3, help="pre-sampled epochs profiled for the packed file")
     p.add_argument("--only", default=None, help="comma-separated configuration names to run")
     args = p.parse_args(argv)
@@ -122,11 +134,12 @@ def main(argv=None):
 
     feature_file = ds.path / "raw" / FEATURE_FILE
     print(f"{args.dataset}: {ds.num_nodes} rows, feature table {table_bytes / 2**30:.2f} GiB; host cache "
-          f"{args.host_frac:.0%}, cgroup = host cache + {args.headroom}", flush=True)
+          f"{args.host_frac:.0%}, cgroup = what the feature store holds + {args.headroom}", flush=True)
     del ds
     results = {}
     pack_s = None
-    for name, extra in configs(args, table_bytes, capabilities().cuda):
+    cuda = capabilities().cuda
+    for name, extra in configs(args, table_bytes):
         if args.only and name not in args.only.split(","):
             continue
         if "--packed" in extra and pack_s is None:
@@ -135,22 +148,25 @@ def main(argv=None):
                   f"in {pack_s:.1f} s, before the runs", flush=True)
         if name == "in memory":
             warm_page_cache(feature_file)
+        cap = None if name == "in memory" else stack_bytes(args, extra, cuda) + args.headroom_bytes
         with tempfile.TemporaryDirectory() as out_dir:
-            results[name] = run(args, extra, out_dir)
+            results[name] = run(args, extra, out_dir, cap)
         r = results[name]
         print(f"  {name}: " + (r["error"] if "error" in r else
-                                f"first {r['first_s']:.2f} s, steady {r['steady_s']:.2f} s"), flush=True)
+                                f"first {r['first_s']:.2f} s, steady {r['steady_s']:.2f} s") + _memory(r), flush=True)
     ideal = results.get("in memory", {}).get("steady_s")
     rows = []
     for name, r in results.items():
+        memory = {"cap GiB": r["cap"] / 2**30 if r.get("cap") else "",
+                  "peak GiB": r["peak"] / 2**30 if r.get("peak") else ""}
         if "error" in r:
-            rows.append({"config": name, "first s": "failed"})
+            rows.append({"config": name, "first s": "failed", **memory})
             continue
         row = {"config": name, "first s": r["first_s"], "steady s": r["steady_s"],
                "steady range": f"{r['steady_min_s']:.2f}-{r['steady_max_s']:.2f}",
                "first/steady": r["first_s"] / r["steady_s"],
                "% of ideal": 100 * ideal / r["steady_s"] if ideal else float("nan"),
-               "warm s": r["warm"]["seconds"] if r.get("warm") else "", "test acc %": 100 * r["test_acc"]}
+               "warm s": r["warm"]["seconds"] if r.get("warm") else "", "test acc %": 100 * r["test_acc"], **memory}
         if r.get("tiers"):
             host = r["tiers"][-1].get("host", {})
             row["host hit"] = statistics.median(t["host"]["hit_rate"] for t in r["tiers"] if "host" in t)
@@ -159,7 +175,7 @@ def main(argv=None):
             row["fwd GB"] = host.get("forwarded_bytes", 0) / 1e9
         rows.append(row)
     print_table(rows, ["config", "first s", "warm s", "steady s", "steady range", "first/steady", "% of ideal",
-                       "host hit", "host+ahead", "disk GB", "fwd GB", "test acc %"])
+                       "host hit", "host+ahead", "disk GB", "fwd GB", "cap GiB", "peak GiB", "test acc %"])
     mm, la = results.get("DGL + memmap", {}), results.get("HostCache lookahead", {})
     if "steady_s" in mm and "steady_s" in la:
         print(f"HostCache lookahead vs DGL + memmap in the same kind of cgroup: steady "
@@ -172,6 +188,14 @@ def main(argv=None):
     write_json("out_of_core", {"system": system_facts(), "args": {k: v for k, v in vars(args).items()},
                                "table_bytes": table_bytes, "pack_s": pack_s, "results": results, "rows": rows})
     plot(rows, RESULTS / "out_of_core.png", args)
+
+
+def _memory(r):
+    """``, peak P of the C GiB cap`` where the run had a cap."""
+    if not r.get("cap"):
+        return ""
+    peak = f"peak {r['peak'] / 2**30:.2f}" if r.get("peak") else "peak unknown"
+    return f"; {peak} of the {r['cap'] / 2**30:.2f} GiB cap"
 
 
 def plot(rows, path, args):
@@ -197,7 +221,8 @@ def plot(rows, path, args):
         ax.tick_params(axis="x", rotation=35)
         for lab in ax.get_xticklabels():
             lab.set_ha("right")
-    fig.suptitle(f"{args.dataset}: host cache {args.host_frac:.0%} of the table, cgroup = cache + {args.headroom}")
+    fig.suptitle(f"{args.dataset}: host cache {args.host_frac:.0%} of the table, cgroup = the store's memory + "
+                 f"{args.headroom}")
     save_figure(fig, path)
 
 

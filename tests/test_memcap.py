@@ -3,6 +3,7 @@ SIGINT), a cap too small to start refused before anything moves, bad values refu
 kill told in one line, and the cgroups of killed guardians swept by the next run."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,14 +13,20 @@ import time
 import pytest
 
 from directload.harness.cli import main
+from directload.harness.commands.runs import check_args
 from directload.harness.memcap import (
+    HEADROOM,
+    PEAK_LINE,
     MemoryCapExceeded,
+    MemoryLimitError,
     _anonymous_rss,
     _controller,
     check_limit,
     parse_limit,
     run_capped,
 )
+from directload.harness.parser import build_parser
+from directload.harness.train_inputs import TableShape, check_memory_limit, run_memory
 
 needs_cgroup = pytest.mark.skipif(os.geteuid() != 0 or _controller()[0] is None,
                                   reason="needs root and a memory cgroup controller")
@@ -43,12 +50,68 @@ def test_bad_limits_are_refused_by_the_parser_before_any_work(tmp_path, bad, cap
 
 
 def test_a_cap_too_small_to_start_is_refused_before_anything_moves(tmp_path, capsys):
-    assert main(["train", "--root", str(tmp_path), "--memory-limit", "1M", "--no-progress"]) == 1
+    assert main(["train", "--root", str(tmp_path), "--memory-limit", "1M", "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("directload: error: a memory limit of 1 MiB is below what the run needs to start")
+    assert err.startswith("directload: error: a memory limit of 1 MiB is below what the run will hold: about ")
     assert err.count("\n") == 1 and not list(tmp_path.iterdir()) and ours(os.getpid()) == []
     with pytest.raises(ValueError, match="give at least"):
         check_limit(_anonymous_rss())
+
+
+# synth-ooc (not made: its preset's sizes), 4 KiB rows: a tiered stack of a 1 GiB host cache with 256 MiB of
+# read-ahead slots, batches of 256 seeds over fanouts 10 and 5 (evaluated 512 at a time on 1000 nodes)
+OOC = ["--dataset", "synth-ooc", "--loader", "directload", "--features", "tiered", "--host-cache", "1G",
+       "--staging", "256M", "--fanouts", "10", "5", "--batch-size", "256", "--eval-batch-size", "512",
+       "--eval-nodes", "1000"]
+
+
+def ooc_options(*extra):
+    args = build_parser().parse_args(["train", *OOC, *extra])
+    return check_args(args, [args.model], [args.loader])
+
+
+def test_a_limit_below_what_the_stack_and_the_run_will_hold_is_refused_naming_both(tmp_path):
+    options = ooc_options()
+    holds = run_memory(options, TableShape(1_000_000, 10_000_000, 4096))
+    stack, run = sum(holds["stack"].values()), sum(holds["run"].values())
+    assert holds["stack"]["host cache"] == (1 << 30) + (256 << 20)  # the cache and its read-ahead slots
+    assert holds["run"]["graph"] == 10_000_000 * 40 + 1_000_000 * 16
+    assert holds["run"]["batches"] == 3 * 512 * 61 * 4096  # the loader's batches, an evaluation batch's rows
+    needed = _anonymous_rss() + HEADROOM + stack + run
+    limit = needed - (64 << 20)  # above the interpreter and the cache, below the whole
+    with pytest.raises(MemoryLimitError, match=r"^a memory limit of (\d+\.\d+) GiB is below what the run will "
+                                               r"hold: about (\d+\.\d+) GiB \(its feature store .* GiB: host cache "
+                                               r"1\.25 GiB, read buffers .*; the run .*: the interpreter, torch, the "
+                                               r"framework and the model .*, graph 397 MiB, batches 366 MiB\); give "
+                                               r"at least \d+M$") as info:
+        check_memory_limit(limit, options, root=tmp_path, dataset="synth-ooc", loaders=["directload"])
+    said_limit, said_total = (float(x) for x in re.match(r"a memory limit of (\S+) GiB .* about (\S+) GiB",
+                                                           str(info.value)).groups())
+    assert said_limit == round(limit / 2**30, 2) and abs(said_total - needed / 2**30) < 0.02  # the limit first
+    assert "\n" not in str(info.value) and isinstance(info.value, ValueError)
+    check_memory_limit(needed + (64 << 20), options, root=tmp_path, dataset="synth-ooc", loaders=["directload"])
+    assert not list(tmp_path.iterdir())  # nothing made, not even the dataset
+
+
+def test_a_stack_only_the_directload_loader_reads_is_counted_for_it_alone(tmp_path):
+    options = ooc_options("--framework", "dgl", "--loader", "dgl", "--features", "disk")
+    holds = run_memory(options, TableShape(1_000_000, 10_000_000, 4096), loaders=("dgl",))
+    assert holds["stack"] == {} and holds["run"]["graph"] > 0  # DGL reads the mapped file: no stack
+    two = run_memory({**options, "nproc": 2}, TableShape(1_000_000, 10_000_000, 4096))
+    assert two["run"]["graph"] == 2 * holds["run"]["graph"]  # every rank holds the graph
+
+
+def test_train_refuses_a_limit_below_its_stack_before_any_work_with_exit_status_2(tmp_path, capsys):
+    # 2G is above what the run needs to start, below its 1 GiB cache, read-ahead, graph and batches.  The root is
+    # a file: a run that went on to make the dataset would fail at once, not write gigabytes.
+    root = tmp_path / "not-a-directory"
+    root.write_text("")
+    code = main(["train", "--root", str(root), *OOC, "--memory-limit", "2G", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("directload: error: a memory limit of 2.00 GiB is below what the run will hold: about ")
+    assert "its feature store" in err and "host cache 1.25 GiB" in err and err.count("\n") == 1
+    assert ours(os.getpid()) == []
 
 
 def _default_signals():
@@ -85,9 +148,12 @@ def limit_for_tests():
 
 
 @needs_cgroup
-def test_the_cap_is_real_and_its_cgroup_goes_when_the_run_ends():
+def test_the_cap_is_real_and_its_cgroup_goes_when_the_run_ends(capsys):
     limit = limit_for_tests()
     assert run_capped(limit, [sys.executable, "-c", "import numpy; print(numpy.ones(32 << 20).sum())"]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith(PEAK_LINE)]
+    peak, cap = (int(x) for x in said[-1].split()[3:6:2])
+    assert cap == limit and (32 << 20) * 8 <= peak <= limit  # the child's 256 MiB of ones, within the cap
     assert run_capped(limit, [sys.executable, "-c", "raise SystemExit(7)"]) == 7
     with pytest.raises(MemoryCapExceeded, match="OOM killer ended the run at the memory limit of .* raise"):
         run_capped(limit, [sys.executable, "-c", f"import numpy; a = numpy.ones({limit * 2}, numpy.uint8)"])

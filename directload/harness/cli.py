@@ -27,9 +27,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``directload`` and ``python -m directload``.
 
     Errors are printed as one line (``directload: error: ...``, exit status
-    1); ``--debug`` prints the traceback instead.
+    1; 2 for a ``--memory-limit`` the run cannot hold, a usage error as
+    argparse's are); ``--debug`` prints the traceback instead.
     """
-    from directload.harness.memcap import enter_capped_child
+    from directload.harness.memcap import MemoryLimitError, enter_capped_child
 
     enter_capped_child()  # a capped child dies with its guardian
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -46,6 +47,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("directload: interrupted", file=sys.stderr)
         return 130
+    except MemoryLimitError as exc:  # a limit the run cannot hold: a usage error (status 2), as argparse's are
+        if args.debug:
+            traceback.print_exc()
+        else:
+            print(f"directload: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
     except Exception as exc:  # every library error: one line, or the traceback with --debug
         if args.debug:
             traceback.print_exc()

@@ -4,10 +4,12 @@
 and the page cache its reads fill, as a machine with N bytes would limit them), and stays outside it as
 its guardian:
 
-* a cap too small for the command to start is refused before anything moves (:func:`check_limit`);
+* a cap too small for the command to start, or below what the run's feature store and the run itself will
+  hold, is refused before anything moves (:func:`check_limit`, :class:`MemoryLimitError`);
 * SIGTERM, SIGINT and SIGHUP reach the guardian, which passes them on to the child, waits for it (then
   kills what is left in the cgroup) and removes the cgroup: a scheduler's SIGTERM leaves nothing behind;
-* a child the kernel's OOM killer ended is reported in one line (:class:`MemoryCapExceeded`);
+* a child the kernel's OOM killer ended is reported in one line (:class:`MemoryCapExceeded`), and a run that
+  ends says the most memory its cgroup held (:data:`PEAK_LINE`);
 * the child dies with its guardian (``PR_SET_PDEATHSIG``, :func:`enter_capped_child`), and a later run
   removes the cgroups of guardians that are gone, ending any process still inside them.
 
@@ -29,15 +31,20 @@ from directload.errors import DirectloadError
 from directload.units import parse_size
 
 __all__ = ["parse_limit", "check_limit", "run_capped", "enter_capped_child", "guard_children", "drop_page_cache",
-           "capped_group", "MemoryCapExceeded", "CGROUP_ENV", "HEADROOM"]
+           "capped_group", "MemoryCapExceeded", "MemoryLimitError", "CGROUP_ENV", "HEADROOM",
+           "PEAK_LINE"]
 
 _V1 = Path("/sys/fs/cgroup/memory")
 _V2 = Path("/sys/fs/cgroup")
+#: How a capped run's end says the most memory its cgroup held (its pages and the page cache it filled):
+#: ``"peak host memory: P of C bytes (...)"``, one line on stdout.
+PEAK_LINE = "peak host memory:"
 #: Set in a capped child: the cgroup it runs in.
 CGROUP_ENV = "DIRECTLOAD_MEMORY_CGROUP"
 _GUARDIAN_ENV = "DIRECTLOAD_MEMORY_GUARDIAN"
 #: What a capped child needs above what its guardian already uses (the guardian has imported what the
-#: child imports; the child also loads the dataset's graph).
+#: child imports) besides its graph, its batches and its feature store, which a training run's check counts
+#: apart (:func:`~directload.harness.train_inputs.check_memory_limit`): the model, the optimizer, the threads.
 HEADROOM = 128 << 20
 _GRACE_S = 10.0  # how long a child has to end after a forwarded signal before the cgroup is killed
 _WAIT_SLICE_S = 0.5  # how often the guardian looks at the clock while it waits
@@ -46,6 +53,10 @@ _PREFIX = "directload-"
 
 class MemoryCapExceeded(DirectloadError, RuntimeError):
     """The kernel's OOM killer ended the capped command: it needed more memory than the cap."""
+
+
+class MemoryLimitError(DirectloadError, ValueError):
+    """A memory limit below what the run needs, refused before any work (:func:`check_limit`)."""
 
 
 def parse_limit(text: str) -> int:
@@ -84,14 +95,43 @@ def _anonymous_rss():
         return (resident - shared) * os.sysconf("SC_PAGE_SIZE")
 
 
-def check_limit(nbytes: int, *, needed: int | None = None) -> None:
-    """``ValueError`` when a cap of ``nbytes`` cannot let a run start: below what this process (which has
-    imported what the run imports) uses now plus :data:`HEADROOM`, or ``needed`` when given."""
-    needed = _anonymous_rss() + HEADROOM if needed is None else needed
-    if nbytes < needed:
-        raise ValueError(f"a memory limit of {_human(nbytes)} is below what the run needs to start (about "
-                         f"{_human(needed)}: the interpreter, torch and the framework, and the dataset's graph): "
-                         f"give at least {-(-needed // 2**20)}M")
+def check_limit(nbytes: int, *, needed: int | None = None,
+                holds: Mapping[str, Mapping[str, int]] | None = None) -> None:
+    """:class:`MemoryLimitError` (a ``ValueError``) when a cap of ``nbytes`` cannot hold the run: below what this
+    process (which has imported what the run imports) uses now plus :data:`HEADROOM` (or ``needed`` when
+    given), plus what ``holds`` says the run will hold besides: ``{"stack": {part: bytes}, "run": {part:
+    bytes}}``, its feature store and its own (:func:`~directload.harness.train_inputs.check_memory_limit` gives
+    a training run's).  The message names the limit, the total and every part, in one line.
+
+    Examples
+    --------
+    >>> check_limit(3 << 30, needed=1 << 30, holds={"stack": {"host cache": 1 << 30}, "run": {"graph": 1 << 29}})
+    >>> check_limit(2 << 30, needed=1 << 30, holds={"stack": {"host cache": 1 << 30}, "run": {"graph": 1 << 29}})
+    Traceback (most recent call last):
+    ...
+    directload.harness.memcap.MemoryLimitError: a memory limit of 2.00 GiB is below what the run will hold: ...
+    """
+    base = _anonymous_rss() + HEADROOM if needed is None else needed
+    if holds is None:
+        if nbytes < base:
+            raise MemoryLimitError(f"a memory limit of {_human(nbytes)} is below what the run needs to start (about "
+                                   f"{_human(base)}: the interpreter, torch and the framework, and the dataset's "
+                                   f"graph): give at least {-(-base // 2**20)}M")
+        return
+    stack = {k: v for k, v in holds.get("stack", {}).items() if v}
+    run = {"the interpreter, torch, the framework and the model": base,
+           **{k: v for k, v in holds.get("run", {}).items() if v}}
+    total = sum(stack.values()) + sum(run.values())
+    if nbytes >= total:
+        return
+    parts = [f"its feature store {_human(sum(stack.values()))}: {_parts(stack)}"] if stack else []
+    parts.append(f"the run {_human(sum(run.values()))}: {_parts(run)}")
+    raise MemoryLimitError(f"a memory limit of {_human(nbytes)} is below what the run will hold: about "
+                           f"{_human(total)} ({'; '.join(parts)}); give at least {-(-total // 2**20)}M")
+
+
+def _parts(parts):
+    return ", ".join(f"{name} {_human(nbytes)}" for name, nbytes in parts.items())
 
 
 def _start_time(pid):
@@ -171,6 +211,17 @@ def _oom_kills(group):
                 if key == "oom_kill":
                     return int(value)
         except (OSError, ValueError):
+            continue
+    return None
+
+
+def _peak(group):
+    """The most memory ``group`` held at once, in bytes (cgroup v2 ``memory.peak``, v1
+    ``memory.max_usage_in_bytes``), or None where the kernel does not say."""
+    for name in ("memory.peak", "memory.max_usage_in_bytes"):
+        try:
+            return int((group / name).read_text().split()[0])
+        except (OSError, ValueError, IndexError):
             continue
     return None
 
@@ -266,10 +317,12 @@ def _guard(group, nbytes, cmd, env):
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
-    oom = _oom_kills(group)
+    oom, peak = _oom_kills(group), _peak(group)
     if code == -signal.SIGKILL and oom and not received:
         raise MemoryCapExceeded(f"the kernel's OOM killer ended the run at the memory limit of {_human(nbytes)}: "
                                 "it needs more; raise --memory-limit")
+    if peak is not None:
+        print(f"{PEAK_LINE} {peak} of {int(nbytes)} bytes ({_human(peak)} of the {_human(nbytes)} cap)", flush=True)
     if received:
         return 128 + received[0][0]
     return 128 - code if code < 0 else code

@@ -5,9 +5,14 @@ disk and tiered stores over the dataset's feature files.  The frameworks' sides 
 
 from __future__ import annotations
 
+import json
+import math
+import os
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 import numpy as np
 import torch
@@ -22,7 +27,8 @@ if TYPE_CHECKING:
     RunConfig: TypeAlias = Any
 
 __all__ = ["TimedTable", "DISK_FILE", "PACKED_FILE", "FEATURE_MODES", "feature_store", "store_spec", "spec_of",
-           "feature_file", "disk_store", "memmap_features"]
+           "feature_file", "disk_store", "memmap_features", "TableShape", "table_shape", "batch_rows", "run_memory",
+           "check_memory_limit", "GRAPH_EDGE_BYTES", "GRAPH_NODE_BYTES", "LOADER_BATCHES"]
 
 DISK_FILE = "disk/node-feat.npy"
 #: The disk store with its rows renumbered by hotness (``directload dataset pack``), hot rows first.
@@ -139,3 +145,136 @@ def memmap_features(dataset: Dataset) -> torch.Tensor:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         return torch.from_numpy(array)
+
+
+#: Host bytes a run's graph takes at its peak, per edge and per node: the edge list read, the framework's graph
+#: and directload's CSC built from it, labels and splits.  Measured as the peak growth of a one-epoch run
+#: (resident anonymous memory, sampled every 20 ms) over a 100,000-node, 1.9M-edge graph (216 MiB) and a
+#: 1M-node, 9M-edge one (451 MiB); with :data:`directload.harness.memcap.HEADROOM` for the model, the
+#: optimizer and the threads, both are covered.
+GRAPH_EDGE_BYTES, GRAPH_NODE_BYTES = 40, 16
+#: Batches whose features a loader holds at once: the one training, the one ready and the one being gathered.
+LOADER_BATCHES = 3
+
+
+class TableShape(NamedTuple):
+    """What a memory estimate needs of a dataset before it is loaded (or even made)."""
+
+    num_nodes: int
+    num_edges: int  #: 0 where unknown (a dataset of OGB's: its graph is not counted)
+    row_nbytes: int  #: bytes of one node's features
+
+
+def table_shape(root: os.PathLike[str] | str, name: str) -> TableShape | None:
+    """The shape of dataset ``name`` under ``root``, from its files' headers and the generator's metadata
+    (reads no array), or from its preset when it is not made yet; None where neither says.
+
+    Examples
+    --------
+    >>> table_shape("nowhere", "synth-ooc")
+    TableShape(num_nodes=1000000, num_edges=10000000, row_nbytes=4096)
+    """
+    from directload.datasets import FEATURE_FILE, PRESETS, dataset_dir
+    from directload.datasets.synthetic import META_FILE
+
+    path = dataset_dir(root, name)
+    nodes = edges = row = 0
+    try:
+        meta = json.loads((path / META_FILE).read_text())
+        cfg = meta["config"]
+        nodes, edges = int(cfg["num_nodes"]), int(meta["num_edges"])
+        row = int(cfg["num_feats"]) * (2 if cfg.get("feat_dtype") == "float16" else 4)
+    except (OSError, ValueError, KeyError, TypeError):
+        preset = PRESETS.get(name)
+        if preset is not None:  # not made yet: the preset's sizes (avg_degree counts both directions)
+            nodes, edges = preset.num_nodes, preset.num_nodes * preset.avg_degree
+            row = preset.num_feats * (2 if preset.feat_dtype == "float16" else 4)
+    feat = path / "raw" / FEATURE_FILE
+    if feat.exists():
+        from directload.npy import open_regular, read_header
+
+        try:
+            with open_regular(feat) as f:
+                head = read_header(f, feat)  # the header alone
+            nodes = int(head.shape[0])
+            row = int(np.prod(head.shape[1:], dtype=np.int64)) * np.dtype(head.dtype).itemsize
+        except (OSError, ValueError, IndexError):
+            pass  # a bad file: the run's own load says so
+    return TableShape(nodes, edges, row) if nodes and row else None
+
+
+def batch_rows(o: RunConfig, num_nodes: int) -> int:
+    """At most how many distinct nodes a batch of run ``o`` (its options, their fanouts settled) reads
+    features for: its seeds (the training batch, or an evaluation batch: ``eval_batch_size``, at most
+    ``eval_nodes``) times one plus each hop's product of fanouts (the largest first, so it bounds either
+    framework's order), at most the table.  Pure.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace
+    >>> o = SimpleNamespace(batch_size=256, eval_batch_size=512, eval_nodes=1000, fanouts=(10, 5))
+    >>> batch_rows(o, 10 ** 6)  # 512 seeds * (1 + 10 + 10 * 5)
+    31232
+    """
+    fanouts = tuple(o.fanouts)
+    if any(f < 0 for f in fanouts):  # every neighbour: any node may be read
+        return num_nodes
+    seeds = max(o.batch_size, min(o.eval_batch_size, o.eval_nodes or o.eval_batch_size))
+    reach = 1 + sum(math.prod(sorted(fanouts, reverse=True)[:hop]) for hop in range(1, len(fanouts) + 1))
+    return min(num_nodes, seeds * reach)
+
+
+def run_memory(o: RunConfig | Mapping[str, Any], shape: TableShape, *, loaders: tuple[str, ...] = ("directload",),
+               cuda: bool = False) -> dict[str, dict[str, int]]:
+    """What run ``o`` (its options) will hold in host memory besides the interpreter and the frameworks, over a
+    dataset of ``shape``, before any of it is made: ``{"stack": ..., "run": ...}``, each ``{part: bytes}``.
+
+    * ``"stack"``: directload's feature store, :meth:`~directload.stores.StoreSpec.held_estimate` of the run's
+      spec for batches of :func:`batch_rows` (none where no loader of ``loaders`` reads one);
+    * ``"run"``: the graph (:data:`GRAPH_EDGE_BYTES` per edge, :data:`GRAPH_NODE_BYTES` per node) and the
+      features of the :data:`LOADER_BATCHES` batches a loader holds.
+
+    A job of several ranks (``nproc``) holds it once per rank, a partitioned table's stack a rank's share.
+    ``cuda``: the GPU tier lives on a GPU.
+
+    Examples
+    --------
+    >>> from directload.harness.train import TrainConfig
+    >>> o = TrainConfig(features="tiered", host_cache=1 << 30, staging=256 << 20, layers=2, fanouts=(10, 5))
+    >>> held = run_memory(o, TableShape(10 ** 6, 10 ** 7, 4096))
+    >>> held["stack"]["host cache"] >> 20, held["run"]["graph"] >> 20
+    (1280, 396)
+    """
+    o = SimpleNamespace(**o) if isinstance(o, Mapping) else o
+    ranks = max(1, int(o.nproc))
+    rows = batch_rows(o, shape.num_nodes)
+    run = {"graph": shape.num_edges * GRAPH_EDGE_BYTES + shape.num_nodes * GRAPH_NODE_BYTES,
+           "batches": LOADER_BATCHES * rows * shape.row_nbytes}
+    stack: dict[str, int] = {}
+    if (o.partitioned or o.features != "memory") and "directload" in loaders:
+        spec = spec_of(o, "features.npy", gpu_bytes=0 if o.partitioned else o.gpu_cache)  # as store_spec's
+        local = -(-shape.num_nodes // ranks) if o.partitioned else shape.num_nodes
+        lookahead = o.lookahead if isinstance(o.lookahead, int) else 64  # "auto": up to AutoLookahead's bound
+        stack = spec.held_estimate(local, shape.row_nbytes, batch_rows=rows, lookahead=lookahead, cuda=cuda)
+    if ranks > 1:
+        stack = {k: v if k == "shared hot rows" else v * ranks for k, v in stack.items()}
+        run = {k: v * ranks for k, v in run.items()}
+    return {"stack": stack, "run": run}
+
+
+def check_memory_limit(nbytes: int, o: RunConfig | Mapping[str, Any], *, root: os.PathLike[str] | str, dataset: str,
+                       loaders: Sequence[str], cuda: bool = False) -> None:
+    """Refuse, before any work, a ``--memory-limit`` of ``nbytes`` below what a ``directload train`` run will
+    hold: :class:`~directload.harness.memcap.MemoryLimitError`, one line naming the limit, the total and
+    each part (:func:`~directload.harness.memcap.check_limit`).
+
+    ``o`` is the run's checked options (as :func:`~directload.harness.commands.runs.check_args` returns them),
+    reading ``dataset`` under ``root`` (made or not: its preset's sizes) with ``loaders`` (``cuda``: on a GPU,
+    which holds the GPU tier).  The run will hold what this process holds now (it has imported what the run
+    imports) and :data:`~directload.harness.memcap.HEADROOM`, plus :func:`run_memory`'s estimate; a dataset
+    whose sizes are unknown before it is loaded is checked against the first two alone.
+    """
+    from . import memcap
+
+    shape = table_shape(root, dataset)
+    memcap.check_limit(nbytes, holds=None if shape is None else run_memory(o, shape, loaders=tuple(loaders), cuda=cuda))

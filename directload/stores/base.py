@@ -25,6 +25,7 @@ from directload.kernels.operands import memory_span, out_of_range, overlaps
 from directload.unified import ClosedError
 
 from .futures import ReadFuture
+from .held import on_host, span_bytes
 from .reads import as_index, deliver
 from .records import Staged, Stats
 
@@ -337,14 +338,48 @@ class FeatureStore:
         return ()
 
     def held_memory(self) -> tuple[torch.Tensor | np.ndarray, ...]:
-        """Tensors (or arrays) whose memory the store reads rows from or keeps them in, which no ``out`` may
-        overlap: a tensor store's table, a cache's slots, and those of the stores it wraps (:meth:`_own_memory`).
+        """Tensors (or arrays) whose memory the store reads rows from, keeps them in or stages them through,
+        which no ``out`` may overlap: a tensor store's table, a cache's slots, the buffers its reads, its
+        read-ahead and its warming stage rows in, a disk store's staging, and those of the stores it wraps
+        (:meth:`_own_memory`).  Each is named whole, however much of it is in use now.
         """
         return tuple(self._own_memory())
 
     def _own_memory(self):
         """The hook of :meth:`held_memory`; none by default."""
         return ()
+
+    def held_bytes(self) -> int:
+        """Bytes of host memory this store and every store under it hold now: the host memory of
+        :meth:`held_memory`, each byte once (a table two stores read counts once), plus each store's
+        bookkeeping (:meth:`_bookkeeping_bytes`: a cache's map from row to slot, its policy and the batches
+        announced to it, a packed disk store's id map).  The rows a read returns are the caller's, not the
+        store's; a GPU's memory is not host memory.
+
+        What a memory cap must leave the stack; a cache's slots count whole from the start (pages of a
+        host cache's room past its capacity are touched only when it grows into them).
+
+        Examples
+        --------
+        >>> from directload.stores import HostCache, TensorStore
+        >>> table = torch.zeros(1000, 256)  # 1 MB
+        >>> cache = HostCache(TensorStore(table), capacity_bytes=1 << 18, policy="lru")
+        >>> TensorStore(table).held_bytes(), cache.held_bytes() >= table.nbytes + (1 << 18)
+        (1024000, True)
+        """
+        stores, seen = [self], {id(self)}
+        for store in stores:  # every store under this one, once
+            for child in store.children():
+                if id(child) not in seen:
+                    seen.add(id(child))
+                    stores.append(child)
+        memory = span_bytes(m for m in self.held_memory() if on_host(m))
+        return memory + sum(store._bookkeeping_bytes() for store in stores)
+
+    def _bookkeeping_bytes(self):
+        """The hook of :meth:`held_bytes`: bytes this store (not those under it) keeps as bookkeeping outside
+        :meth:`held_memory` (:func:`~directload.stores.held.nbytes_of` counts them); none by default."""
+        return 0
 
 
 def _bump_version(t):

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from directload.buffers import StagingBuffer, StagingPool
 from directload.kernels.devices import memory_of
 from directload.kernels.operands import row_words
 from directload.kernels.tiered import fill_slots, flat_where, gather_tiered
@@ -29,6 +28,7 @@ from directload.units import check_bytes
 
 from . import warming as _warming_rounds
 from .cache_counters import CacheCounters
+from .held import ReadBuffer, Workspace
 from .policies import POLICY_NAMES, make_policy
 from .readahead import Worker
 from .readers import ReaderPool
@@ -36,7 +36,7 @@ from .reads import as_index, deliver
 from .records import Staged
 from .slot_memory import DeviceSlots, HostSlots, SlotMemory
 from .slotcache import SlotCache
-from .warming import Warming, distinct_prefix
+from .warming import WARM_BYTES, Warming, distinct_prefix
 from .wrapper import WrapperStore
 
 if TYPE_CHECKING:
@@ -116,6 +116,35 @@ class CachedStore(WrapperStore):
         self._counts = CacheCounters()
         self._no_threads()
 
+    @staticmethod
+    def bytes_for(num_rows: int, row_nbytes: int, capacity_bytes: int, *, staging_bytes: int = 0,
+                  room_bytes: int | None = None, policy: PolicySpec = "lookahead", batch_rows: int = 0,
+                  reads: int = 1, lookahead: int = 4, warm: bool = False,
+                  slots_on_host: bool = True) -> dict[str, int]:
+        """At most the host bytes a cache of these sizes holds (:meth:`~directload.stores.FeatureStore.held_bytes`,
+        its own, not the fallback's), before it is made: ``"slots"`` (where they are host memory), the
+        ``"buffers"`` its reads stage rows in (``reads`` demand reads in flight of ``batch_rows`` rows, the
+        read-ahead's chunk, a warm's round) and its ``"bookkeeping"`` (``lookahead`` batches announced).
+
+        Examples
+        --------
+        >>> parts = CachedStore.bytes_for(1000, 4096, 1 << 20, staging_bytes=1 << 20, policy="lru", batch_rows=100)
+        >>> parts["slots"] >> 20, parts["buffers"] >= 100 * 4096
+        (2, True)
+        """
+        rows_of = (lambda nbytes: min(num_rows, nbytes // row_nbytes)) if row_nbytes else (lambda nbytes: 0)
+        room = capacity_bytes if room_bytes is None else room_bytes
+        staging, slots = rows_of(staging_bytes), rows_of(room) + rows_of(staging_bytes)
+        batch = min(int(batch_rows), num_rows) * row_nbytes
+        buffers = reads * ReadBuffer.size_for(batch) if batch else 0
+        if staging:
+            buffers += ReadBuffer.size_for(min(max(1, _CHUNK_BYTES // max(row_nbytes, 1)), staging) * row_nbytes)
+        if warm:
+            buffers += ReadBuffer.size_for(min(WARM_BYTES, rows_of(room) * row_nbytes))
+        bookkeeping = SlotCache.bytes_for(num_rows, slots, rows_of(room), policy, batches=lookahead,
+                                          batch_rows=min(int(batch_rows), num_rows))
+        return {"slots": slots * row_nbytes if slots_on_host else 0, "buffers": buffers, "bookkeeping": bookkeeping}
+
     fallback = property(lambda self: self.inner, doc="The slower store.")
     capacity_rows = property(lambda self: self.slots.capacity_rows, doc="Rows the cache keeps now.")
     staging_rows = property(lambda self: self.slots.staging_rows, doc="Slots for rows read ahead.")
@@ -147,7 +176,9 @@ class CachedStore(WrapperStore):
         """No threads yet, nor buffers: they start at the first use in each process."""
         self._start_lock = threading.Lock()
         self._warming = self._readers = self._ahead = self._pid = None  # the Warming running, one at a time
-        self._takes, self._ahead_take = StagingPool(_POOLED), StagingBuffer()
+        # The host buffers rows pass through: a demand read's staged misses (one per read in flight), the
+        # read-ahead's chunk and a warm's round; held_memory lists them.
+        self._takes, self._ahead_take, self._warm_take = Workspace(_POOLED), ReadBuffer(), None
 
     def _after_fork(self):
         """A forked child keeps the cached rows and nothing else; its threads start at its first use."""
@@ -178,7 +209,12 @@ class CachedStore(WrapperStore):
         return self.slots.resize(capacity_bytes // self.row_nbytes if self.row_nbytes else 0)
 
     def _own_memory(self):
-        return (self._rows, *self.fallback.held_memory())
+        work = (self._ahead_take, self._warm_take)
+        return (self._rows, *self._takes.arrays(), *(b.array for b in work if b is not None and b.array is not None),
+                *self.fallback.held_memory())
+
+    def _bookkeeping_bytes(self):
+        return self.slots.nbytes()
 
     def _prefetch(self, index):
         """The loader's hint: ``index`` is the next batch it will read.  The policy sees it as the future,
@@ -215,7 +251,7 @@ class CachedStore(WrapperStore):
             if self._warming is not None:
                 raise RuntimeError(f"the {self.tier} cache is warming already: one warm at a time")
             rows = self.slots.plan_warm(ids)
-            take = StagingBuffer()  # its own, freed when it ends
+            self._warm_take = take = ReadBuffer()  # its own, freed when it ends
             self._warming = Warming(rows, round_rows=_warming_rounds.WARM_BYTES // max(self.row_nbytes, 1),
                                     claim=self.slots.claim_warm, fill=lambda r, s: self._fill(r, s, take),
                                     settle=lambda r, s: self._counts.add(warmed_rows=self.slots.settle_warm(r, s)),
@@ -225,18 +261,18 @@ class CachedStore(WrapperStore):
             try:
                 self._warming.run(progress)
             finally:
-                self._warming = None
+                self._warm_ended()
             return int(rows.shape[0])
         try:
             self._warming.start(after=after, closed=lambda: self._closed, on_end=self._warm_ended,
                                 on_error=lambda exc: self._fail(exc, "warm thread"))
         except BaseException:
-            self._warming = None
+            self._warm_ended()
             raise
         return int(rows.shape[0])
 
     def _warm_ended(self):
-        self._warming = None
+        self._warming = self._warm_take = None
 
     def _read_async(self, index, out, run_device, out_device):
         self._threads()
@@ -344,7 +380,8 @@ class CachedStore(WrapperStore):
         for worker in (self._ahead, self._warming):
             if worker is not None:
                 worker.join(timeout=30)
-        self._takes, self._ahead_take = StagingPool(), None
+        self._takes.release()
+        self._ahead_take.release()
 
     def __repr__(self):
         state = ", closed" if self._closed else ""

@@ -11,7 +11,6 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from directload.buffers import StagingBuffer
 from directload.files import CorruptFileError
 from directload.kernels.devices import MAPPED, memory_of
 from directload.kernels.host_pool import default_pool
@@ -23,6 +22,7 @@ from .disk_counters import DiskCounters
 from .disk_io import read_error
 from .disk_open import DirectIOWarning, check_options, io_path, make_engine, open_layout
 from .futures import ReadFuture
+from .held import ReadBuffer, nbytes_of
 from .reads import deliver
 from .records import Staged
 
@@ -138,12 +138,29 @@ class DiskStore(FeatureStore):
         self._counts = DiskCounters()
         self._pid: int | None = None
         self._io_limit = queue_depth
-        self._staging = StagingBuffer(minimum=1, growth_limit=staging_bytes)
+        self._staging = ReadBuffer(limit=staging_bytes)  # grown to what a round needs, at most staging_bytes
         # the layout (a store's current generation) and that very file, opened with O_DIRECT where it can be
         self._layout, self._fd, self.block, self.direct = open_layout(
             self.path, dtype=dtype, shape=shape, offset=offset, direct=direct, expect=_expect, stacklevel=2)
         self.id_map = self._layout.id_map  # a renumbered store (hot rows packed together): applied to every read
         self._start()
+
+    @staticmethod
+    def bytes_for(num_rows: int, row_nbytes: int, *, batch_rows: int = 0, staging_bytes: int = 64 << 20,
+                  renumbered: bool = False) -> dict[str, int]:
+        """At most the host bytes a disk store holds (:meth:`~directload.stores.FeatureStore.held_bytes`) while
+        it reads batches of ``batch_rows`` rows, before it is opened: its ``"staging"`` (a round of reads)
+        and, for a file ``renumbered`` by hotness, the id map (``"bookkeeping"``).  The rows a read returns
+        are the caller's.
+
+        Examples
+        --------
+        >>> DiskStore.bytes_for(10 ** 6, 4096, batch_rows=15_000)
+        {'staging': 67108864, 'bookkeeping': 0}
+        """
+        batch = min(int(batch_rows), int(num_rows)) * int(row_nbytes)
+        staging = ReadBuffer.size_for(min(batch, staging_bytes), staging_bytes) if batch else 0
+        return {"staging": staging, "bookkeeping": 8 * int(num_rows) if renumbered else 0}
 
     # ---------------------------------------------------------------- shape
     @property
@@ -174,7 +191,7 @@ class DiskStore(FeatureStore):
         # fork would stay held here: fresh locks now, a fresh engine at the first read.
         self._submit_lock = threading.Lock()
         self._counts.after_fork()
-        self._staging = StagingBuffer(minimum=1, growth_limit=self._options["staging_bytes"])
+        self._staging = ReadBuffer(limit=self._options["staging_bytes"])
 
     def _this_process(self):
         if self._pid != os.getpid():
@@ -315,6 +332,13 @@ class DiskStore(FeatureStore):
 
     def _count_batch(self, n, zero_copy=False):
         self._counts.add(rows=n, requested_bytes=n * self.row_nbytes, batches=1, zero_copy_batches=zero_copy)
+
+    def _own_memory(self):
+        staging = self._staging.array
+        return () if staging is None else (staging,)
+
+    def _bookkeeping_bytes(self):
+        return nbytes_of(self.id_map)
 
     def _staging_buffer(self, nbytes):
         """The store's staging buffer (page-aligned for O_DIRECT, pinned where CUDA runs), at least ``nbytes``."""

@@ -12,6 +12,7 @@ import torch
 from directload.kernels.operands import check_readable, host_of
 
 from .futures import ReadFuture
+from .held import nbytes_of
 from .wrapper import WrapperStore
 
 if TYPE_CHECKING:
@@ -93,6 +94,9 @@ class HotRowsStore(WrapperStore):
 
     def _own_memory(self):
         return (self._rows, *self.fallback.held_memory())
+
+    def _bookkeeping_bytes(self):
+        return nbytes_of(self._pos, self._hot)
 
     def _read_async(self, index, out, run_device, out_device):
         ids = index.cpu().numpy().astype(np.int64, copy=False)

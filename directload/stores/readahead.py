@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from .held import nbytes_of
+
 __all__ = ["Announced", "Worker", "AHEAD_MAX", "MATCH_SCAN"]
 
 AHEAD_MAX = 256  # announced batches remembered at most (a loader that stops reading cannot grow it)
@@ -53,6 +55,15 @@ class Announced:
     def next_unread(self) -> int:
         """The number of the oldest batch announced and not read (the next one's when none is left)."""
         return self._ahead[0][0] if self._ahead else self._count
+
+    def nbytes(self) -> int:
+        """Bytes held: the map from row to batch and each announced batch's rows."""
+        return nbytes_of(self.until, self._ahead)
+
+    @staticmethod
+    def bytes_for(num_rows: int, batches: int, batch_rows: int) -> int:
+        """At most :meth:`nbytes` with ``batches`` announced batches of ``batch_rows`` distinct rows unread."""
+        return 8 * int(num_rows) + min(batches, AHEAD_MAX) * (8 * int(batch_rows) + 128)
 
     def add(self, rows: np.ndarray) -> tuple[int, list[tuple[int, np.ndarray]]]:
         """Announce a batch of distinct ``rows``: its number, and the entries dropped to stay within the

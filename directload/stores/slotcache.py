@@ -23,10 +23,10 @@ import numpy as np
 from directload.errors import rethrown
 from directload.kernels.tiered import fill_slots
 
-from .policies import Policy, make_policy
+from .policies import Policy, make_policy, policy_class
 from .readahead import Announced
 from .records import Query
-from .slots import CACHED, INFLIGHT, KEPT, NONE, READING, STAGED, SlotTable
+from .slots import CACHED, INFLIGHT, KEPT, NONE, READING, ROW_BYTES, SLOT_BYTES, STAGED, SlotTable
 
 if TYPE_CHECKING:
     import torch
@@ -68,7 +68,7 @@ class SlotCache:
         self.room_rows = self.capacity_rows if room is None else int(room)
         if self.room_rows < self.capacity_rows:
             raise ValueError(f"room ({self.room_rows} rows) is less than the capacity ({self.capacity_rows})")
-        self.policy = make_policy(policy, self.capacity_rows)
+        self.policy = make_policy(policy, self.capacity_rows, num_rows=self.num_rows)
         self._policy_spec = policy  # what resize() makes the policy of another capacity from
         self._park, self._unpark = park or (lambda s: None), unpark or (lambda s: None)
         used = self.capacity_rows + self.staging_rows
@@ -301,7 +301,7 @@ class SlotCache:
             held = np.flatnonzero(t.slot >= 0)
             s = t.slot[held]
             mine = (t.kind[s] == CACHED) & self.policy.contains(held) & (s < limit)
-            policy = make_policy(self._policy_spec, rows)
+            policy = make_policy(self._policy_spec, rows, num_rows=self.num_rows)
             policy.warm(held[mine][:rows])
             gone = held[(t.kind[s] == CACHED) & ~policy.contains(held)]
             self.policy, self.capacity_rows = policy, rows
@@ -362,6 +362,28 @@ class SlotCache:
             if kind is not None:
                 rows = rows[self.table.kind[self.table.slot[rows]] == kind]
             return rows
+
+    def nbytes(self) -> int:
+        """Bytes of this bookkeeping: the slot table, the announced batches and the policy's state."""
+        with self._lock:
+            return self.table.nbytes() + self._announced.nbytes() + self.policy.nbytes()
+
+    @staticmethod
+    def bytes_for(num_rows: int, slots: int, capacity: int, policy: PolicySpec = "lookahead", *,
+                  batches: int = 0, batch_rows: int = 0) -> int:
+        """At most :meth:`nbytes` of a cache of ``slots`` slots (room and read-ahead) keeping up to
+        ``capacity`` rows of a table of ``num_rows`` under ``policy``, with ``batches`` announced batches
+        of ``batch_rows`` rows unread (before any is made: a memory budget's estimate).
+
+        Examples
+        --------
+        >>> c = SlotCache(10_000, capacity=1000, staging=200, policy="lru")
+        >>> c.nbytes() <= SlotCache.bytes_for(10_000, 1200, 1000, "lru")
+        True
+        """
+        cls = policy_class(policy)
+        return (SLOT_BYTES * int(slots) + ROW_BYTES * int(num_rows) + cls.bytes_for(capacity, num_rows)
+                + Announced.bytes_for(num_rows, batches, batch_rows))
 
     def problems(self) -> list[str]:
         """What breaks the slot table's invariants, in words (empty when none); see

@@ -17,7 +17,13 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["SlotTable", "FREE", "CACHED", "STAGED", "INFLIGHT", "NONE", "READING", "KEPT"]
+from .held import INT_BYTES, nbytes_of
+
+__all__ = ["SlotTable", "SLOT_BYTES", "ROW_BYTES", "FREE", "CACHED", "STAGED", "INFLIGHT", "NONE", "READING", "KEPT"]
+
+#: Bookkeeping bytes per slot (its kind, batch and readers, 1 + 8 + 4, and its free-list entry, 8 and an int)
+#: and per row of the table (its slot, an int32).
+SLOT_BYTES, ROW_BYTES = 1 + 8 + 4 + 8 + INT_BYTES, 4
 
 FREE, CACHED, STAGED, INFLIGHT = 0, 1, 2, 3
 NONE, READING = -1, -2
@@ -73,6 +79,11 @@ class SlotTable:
         s = self.slot[rows]
         ok = s >= 0
         return rows[ok], s[ok]
+
+    def nbytes(self) -> int:
+        """Bytes of the table: its arrays and its lists of slots."""
+        return nbytes_of(self.slot, self.kind, self.staged_for, self.pinned, self._free, self._deferred,
+                         self._parked, self._newly_parked)
 
     # ------------------------------------------------------------- changes
     def claim(self, n: int) -> np.ndarray:

@@ -131,6 +131,71 @@ class StoreSpec:
                              "smaller")
         return dataclasses.replace(self, staging_bytes=staging, **sizes)
 
+    def held_estimate(self, num_rows: int, row_nbytes: int, *, batch_rows: int, lookahead: int = 4,
+                      cuda: bool | None = None) -> dict[str, int]:
+        """At most the host bytes the stack :func:`open_store` makes of this spec holds
+        (:meth:`~directload.stores.FeatureStore.held_bytes`) while it reads batches of up to ``batch_rows``
+        distinct rows, one at a time, announced ``lookahead`` ahead, over a table of ``num_rows`` rows of
+        ``row_nbytes`` (this rank's rows, for a partitioned spec), before anything is opened; by part
+        (parts of 0 bytes left out): the ``"host cache"`` (its read-ahead slots too), the ``"GPU cache in
+        host memory"`` (where CUDA does not run: ``cuda`` False, default whether it runs here), the
+        ``"shared hot rows"``, a tensor source's ``"table"``, the ``"read buffers"`` the tiers stage rows in
+        (a packed stack's warming rounds too: it is warmed) and the tiers' ``"bookkeeping"``.  Checks the spec.
+
+        Examples
+        --------
+        >>> spec = StoreSpec("feat.npy", host_bytes="64M", staging_bytes="16M", policy="lru")
+        >>> parts = spec.held_estimate(100_000, 4096, batch_rows=2000, cuda=False)
+        >>> sorted(parts), parts["host cache"] >> 20
+        (['bookkeeping', 'host cache', 'read buffers'], 80)
+        """
+        from .cache import CachedStore
+        from .disk import DiskStore
+
+        spec = self.check()
+        if cuda is None:
+            from directload.capabilities import capabilities
+
+            cuda = capabilities().cuda
+        n, rnb, batch = int(num_rows), int(row_nbytes), min(int(batch_rows), int(num_rows))
+        parts = dict.fromkeys(("host cache", "GPU cache in host memory", "shared hot rows", "table",
+                               "read buffers", "bookkeeping"), 0)
+        if isinstance(spec.source, torch.Tensor) and spec.source.device.type == "cpu":
+            parts["table"] = n * rnb
+        elif isinstance(spec.source, (str, os.PathLike)):
+            disk = DiskStore.bytes_for(n, rnb, batch_rows=batch, renumbered=spec.packed,
+                                       **{k: v for k, v in spec.disk_options.items() if k == "staging_bytes"})
+            parts["read buffers"] += disk["staging"]
+            parts["bookkeeping"] += disk["bookkeeping"]
+        if spec.tiers:
+            host, room = int(spec.host_bytes), None
+            if spec.budget_bytes:
+                room, host = min(host or n * rnb, n * rnb), 0
+            top = max(host, room or 0)
+            staging = spec.staging_bytes if spec.staging_bytes is not None else (max(top // 4, 64 << 20) if top else 0)
+            warm, gpu = spec.packed, int(spec.gpu_bytes)
+            common: dict[str, Any] = dict(policy=spec.policy, batch_rows=batch, lookahead=lookahead)
+            if host or staging or room:
+                # under a GPU tier, a warm round of the GPU tier goes through a read of this tier
+                got = CachedStore.bytes_for(n, rnb, host, staging_bytes=int(staging), room_bytes=room, warm=warm,
+                                            reads=1 + int(warm and bool(gpu)), **common)
+                parts["host cache"] += got["slots"]
+                parts["read buffers"] += got["buffers"]
+                parts["bookkeeping"] += got["bookkeeping"]
+            if gpu:
+                on_host = not cuda or (spec.device is not None and torch.device(spec.device).type == "cpu")
+                got = CachedStore.bytes_for(n, rnb, gpu, warm=warm, slots_on_host=on_host, **common)
+                parts["GPU cache in host memory"] += got["slots"]
+                parts["read buffers"] += got["buffers"]
+                parts["bookkeeping"] += got["bookkeeping"]
+        if spec.shared_hot_bytes:
+            hot = min(int(spec.shared_hot_bytes) // max(rnb, 1), n)
+            parts["shared hot rows"] += hot * rnb
+            parts["bookkeeping"] += 8 * (n + hot)
+        if spec.partitioned:
+            parts["read buffers"] += 2 * batch * rnb  # a round's rows sent and received
+        return {name: nbytes for name, nbytes in parts.items() if nbytes}
+
 
 def open_store(spec: StoreSpec) -> FeatureStore:
     """The store ``spec`` describes, opened (its :meth:`StoreSpec.check` first): close it when done (it

@@ -76,14 +76,20 @@ def test_out_of_core_plot_shows_every_configuration_against_the_ideal(captured, 
 
 
 @pytest.mark.parametrize("cuda", [False, True])
-def test_out_of_core_caps_hold_a_gpu_cache_that_lives_in_host_memory(captured, cuda):
+def test_out_of_core_caps_hold_what_each_feature_store_holds(captured, cuda, tmp_path):
     ooc = importlib.import_module("out_of_core")
-    args = type("A", (), {"host_frac": 0.25, "gpu_frac": 0.05, "staging": 256, "headroom_bytes": 1000})()
-    caps = {name: int(extra[extra.index("--memory-limit") + 1])
-            for name, extra in ooc.configs(args, 10_000, cuda) if "--memory-limit" in extra}
-    assert caps["HostCache lookahead packed"] == 2500 + 1000
-    assert caps["TieredStore packed"] == caps["TieredStore"] == 2500 + 1000 + (0 if cuda else 500)
-    assert caps["DiskStore"] == 1000
+    args = type("A", (), {"root": str(tmp_path), "dataset": "synth-ooc", "epochs": 2, "fanouts": [10, 5],
+                          "batch_size": 256, "host_frac": 0.25, "gpu_frac": 0.05, "staging": 256 << 20})()
+    table = 10 ** 6 * 4096  # synth-ooc, not made: its preset's sizes
+    host, gpu, staging = table // 4, table // 20, 256 << 20
+    stacks = {name: ooc.stack_bytes(args, extra, cuda) for name, extra in ooc.configs(args, table)}
+    assert stacks["DGL + memmap"] == 0 and 0 < stacks["DiskStore"] <= 64 << 20  # no store; a disk store's staging
+    for name in ("HostCache lru", "HostCache sieve", "HostCache lookahead"):
+        assert stacks[name] > host + staging  # the cache, its read-ahead slots, its buffers and bookkeeping
+    tier = stacks["TieredStore"] - stacks["HostCache lookahead"]  # the GPU tier's part in host memory
+    assert tier > gpu if not cuda else 0 < tier < gpu  # its slots where CUDA does not run; staging always
+    assert stacks["TieredStore packed"] > stacks["TieredStore"]  # the warm's rounds
+    assert not list(tmp_path.iterdir())
 
 
 def test_node_share_plot_draws_each_mode_against_the_budget_and_the_fairness_goal(captured, monkeypatch):

@@ -46,6 +46,7 @@ def run_training(args: argparse.Namespace, models: Sequence[str], loaders: Seque
     from directload.harness import ddp, memcap
     from directload.harness.experiments import compare, print_summary, write_report
     from directload.harness.train import TrainConfig
+    from directload.harness.train_inputs import check_memory_limit
     from directload.kernels.cpu import wait_policy as cpu_wait_policy
 
     # Bad arguments get their own error before any work, a missing framework after them.
@@ -67,7 +68,9 @@ def run_training(args: argparse.Namespace, models: Sequence[str], loaders: Seque
     limit = args.memory_limit
     require({"dgl": "dgl", "pyg": "torch_geometric"}[args.framework])
     if limit is not None and capped is None:
-        memcap.check_limit(limit)  # before any work: a cap the run cannot start in
+        # before any work: a cap below what the run's feature store and the run itself will hold
+        check_memory_limit(limit, options, root=args.root, dataset=args.dataset, loaders=loaders,
+                           cuda=device.type == "cuda")
     if args.threads:
         torch.set_num_threads(args.threads)
     _note_busy_machine()

@@ -39,9 +39,10 @@ POLICIES = {"lru": LRU, "clock": Clock, "sieve": Sieve, "s3fifo": S3FIFO}
 POLICY_NAMES = ("lookahead", *POLICIES)
 
 
-def make_policy(policy: PolicySpec, capacity: int) -> Policy:
+def make_policy(policy: PolicySpec, capacity: int, *, num_rows: int | None = None) -> Policy:
     """A :class:`Policy` of ``capacity`` rows from a name of :data:`POLICY_NAMES`, a policy or a callable
-    ``capacity -> Policy``.
+    ``capacity -> Policy``; ``num_rows``, the rows of the cache's table where known, bounds the look-ahead
+    policy's arrays indexed by row id.
 
     Examples
     --------
@@ -50,7 +51,7 @@ def make_policy(policy: PolicySpec, capacity: int) -> Policy:
     """
     if isinstance(policy, str):
         if policy == "lookahead":  # evicting 1/32 more at a pass: passes over the held rows come a few batches apart
-            return LookAhead(capacity, slack=capacity // 32)
+            return LookAhead(capacity, slack=capacity // 32, num_rows=num_rows)
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICY_NAMES}, a Policy or a callable, not {policy!r}")
         return POLICIES[policy](capacity)
@@ -66,5 +67,20 @@ def make_policy(policy: PolicySpec, capacity: int) -> Policy:
         raise ValueError(f"the policy keeps {got.capacity} rows but the cache has room for {capacity}")
     return got
 
+
+def policy_class(policy: PolicySpec) -> type[Policy]:
+    """The class of the policy ``policy`` names or is (:class:`Policy` itself for a callable, whose class is
+    known only once called): what :meth:`Policy.bytes_for` is asked of before a cache is made.
+
+    Examples
+    --------
+    >>> policy_class("lru").__name__, policy_class("lookahead").__name__, policy_class(LRU).__name__
+    ('LRU', 'LookAhead', 'Policy')
+    """
+    if isinstance(policy, str):
+        return LookAhead if policy == "lookahead" else POLICIES.get(policy, Policy)
+    return type(policy) if isinstance(policy, Policy) else Policy
+
+
 __all__ = ["Policy", "simulate", "LRU", "Clock", "Sieve", "S3FIFO", "Correlation", "Static", "degree", "presample",
-           "LookAhead", "belady", "POLICIES", "POLICY_NAMES", "make_policy"]
+           "LookAhead", "belady", "POLICIES", "POLICY_NAMES", "make_policy", "policy_class"]

@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..held import nbytes_of
+
 __all__ = ["Policy", "simulate"]
 
 
@@ -33,6 +35,10 @@ class Policy:
     """
 
     name = "policy"
+    #: Bookkeeping bytes per cached row and per row of the table at most (:meth:`bytes_for`): the most
+    #: :meth:`nbytes` gave over caches of a thousand to 700,000 rows (a dict's bytes per entry vary with
+    #: its fill); the default, for a policy whose is not known, is the largest of the named policies'.
+    SLOT_BYTES, ROW_BYTES = 500, 0
 
     def __init__(self, capacity: int) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 0:
@@ -96,6 +102,33 @@ class Policy:
     def see(self, batch_index: int, window: Sequence[npt.ArrayLike]) -> None:
         """A hint: batch ``batch_index`` comes next, then the batches in ``window`` (a list of id arrays,
         starting with that batch).  Only look-ahead policies use it."""
+
+    def nbytes(self) -> int:
+        """Bytes of the policy's state: its arrays, and its dicts, lists and sets of row ids (an estimate
+        within a few percent, :func:`~directload.stores.held.nbytes_of`).
+
+        Examples
+        --------
+        >>> from directload.stores.policies import LRU
+        >>> policy = LRU(1000)
+        >>> _ = policy.access(np.arange(1000, 2000))
+        >>> policy.nbytes() > 1000 * 32
+        True
+        """
+        return nbytes_of(*vars(self).values())
+
+    @classmethod
+    def bytes_for(cls, capacity: int, num_rows: int) -> int:
+        """At most how many bytes :meth:`nbytes` gives for a policy of ``capacity`` rows over a table of
+        ``num_rows`` (before any is made: a memory budget's estimate).
+
+        Examples
+        --------
+        >>> from directload.stores.policies import LookAhead
+        >>> LookAhead.bytes_for(1000, 10_000) >= LookAhead(1000, num_rows=10_000).nbytes()
+        True
+        """
+        return cls.SLOT_BYTES * int(capacity) + cls.ROW_BYTES * int(num_rows)
 
     def cached(self) -> set[int]:
         """The cached row ids, as a set (for tests and the simulator)."""

@@ -20,6 +20,7 @@ class Clock(Policy):
     """
 
     name = "clock"
+    SLOT_BYTES = 240  # bookkeeping bytes per cached row (Policy.bytes_for)
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)

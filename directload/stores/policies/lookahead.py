@@ -24,10 +24,13 @@ from .base import Policy
 _UNKNOWN = np.int64(1) << 62  # keys of rows with no known next use start here
 
 
-def _grown(a, n, fill):
+def _grown(a, n, fill, limit=None):
+    """``a`` grown to at least ``n`` entries (twice its length, so a stream of growing ids reallocates a few
+    times; never past ``limit``, the table's rows, where known), new entries ``fill``."""
     if a.shape[0] >= n:
         return a
-    b = np.full(max(n, 2 * a.shape[0]), fill, a.dtype)
+    grow = 2 * a.shape[0] if limit is None else min(2 * a.shape[0], limit)
+    b = np.full(max(n, grow), fill, a.dtype)
     b[:a.shape[0]] = a
     return b
 
@@ -46,6 +49,9 @@ class LookAhead(Policy):
     slack : int
         Rows a full cache leaves free at each batch, so the next batches' misses fit without a pass over
         every held row.
+    num_rows : int, optional
+        The rows of the table (a cache's), where known: the arrays indexed by row id never grow past it
+        (unknown, they grow to twice the largest id seen).
 
     Examples
     --------
@@ -60,8 +66,12 @@ class LookAhead(Policy):
 
     name = "lookahead"
 
+    #: Bookkeeping bytes per row of the table (four arrays indexed by row id: 1 + 8 + 8 + 8 bytes) and per cached
+    #: row (its id, and the candidates' at a choice).
+    ROW_BYTES, SLOT_BYTES = 25, 16
+
     def __init__(self, capacity: int, window: int | None = None, fallback: str = "recency",
-                 slack: int = 0) -> None:
+                 slack: int = 0, num_rows: int | None = None) -> None:
         super().__init__(capacity)
         if fallback not in ("recency", "frequency"):
             raise ValueError(f"fallback must be 'recency' or 'frequency', got {fallback!r}")
@@ -72,6 +82,7 @@ class LookAhead(Policy):
         self.slack = int(slack)
         self.window = window  # batches ahead it expects (None: it takes whatever see() shows)
         self.fallback = fallback
+        self.num_rows = num_rows
         self._count = np.zeros(0, np.int64)  # row -> batches that read it (the frequency fallback)
         self._held = np.empty(0, np.int64)  # the cached rows
         self._in = np.zeros(0, bool)  # row -> cached
@@ -81,10 +92,10 @@ class LookAhead(Policy):
         self._tick = 0
 
     def _grow(self, n):
-        self._in = _grown(self._in, n, False)
-        self._next = _grown(self._next, n, -1)
-        self._last = _grown(self._last, n, 0)
-        self._count = _grown(self._count, n, 0)
+        self._in = _grown(self._in, n, False, self.num_rows)
+        self._next = _grown(self._next, n, -1, self.num_rows)
+        self._last = _grown(self._last, n, 0, self.num_rows)
+        self._count = _grown(self._count, n, 0, self.num_rows)
 
     def see(self, batch_index: int, window: Sequence[npt.ArrayLike]) -> None:
         if batch_index < self._now:  # a new sequence of batches (indices start again): forget old plans

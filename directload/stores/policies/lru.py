@@ -22,6 +22,7 @@ class LRU(Policy):
     """
 
     name = "lru"
+    SLOT_BYTES = 240  # bookkeeping bytes per cached row (Policy.bytes_for)
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)

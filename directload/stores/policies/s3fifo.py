@@ -24,6 +24,7 @@ class S3FIFO(Policy):
     """
 
     name = "s3fifo"
+    SLOT_BYTES = 360  # bookkeeping bytes per cached row (Policy.bytes_for)
     _small: deque[int]
     _main: deque[int]
 

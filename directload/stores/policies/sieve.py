@@ -21,6 +21,7 @@ class Sieve(Policy):
     """
 
     name = "sieve"
+    SLOT_BYTES = 500  # bookkeeping bytes per cached row (Policy.bytes_for)
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
