@@ -16,6 +16,7 @@ import atexit
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import NoReturn
@@ -26,7 +27,7 @@ import torch
 from directload.errors import DirectloadError
 
 __all__ = ["join_torchrun", "torchrun_world", "world", "barrier", "finish", "launch", "RankFailed", "TIMEOUT_S",
-           "nproc_ceiling", "check_nproc", "MAX_NPROC", "RANKS_PER_CORE", "RANK_BYTES"]
+           "nproc_ceiling", "check_nproc", "MAX_NPROC", "RANKS_PER_CORE", "RANK_BYTES", "SETTLE_S"]
 
 #: Seconds a collective waits for the other ranks before it fails.
 TIMEOUT_S = 300
@@ -38,6 +39,10 @@ RANKS_PER_CORE = 4
 #: Host memory one rank holds before any features: the interpreter, torch, the framework, a model and its
 #: sampler (a DGL-lane rank training synth-tiny held about 550 MB, measured).
 RANK_BYTES = 512 << 20
+#: Seconds a failed rank waits before it ends: a rank whose collective failed because another rank died
+#: (killed, or ended after its own error) ends after it, so torchrun's launcher, which watches every 0.1 s
+#: and dates failures to the second, sees the rank that failed first alone and names it.
+SETTLE_S = 1.0
 
 
 class RankFailed(DirectloadError, RuntimeError):
@@ -220,7 +225,8 @@ def join_torchrun(device: torch.device | str = "cpu") -> tuple[int, int]:
 def _leave():
     """The exit handler of a rank that joined a job, run only where the rank did not end through
     :func:`finish`: it raised (its one-line error already printed) or was interrupted.  It ends the process
-    at once, status 1, so the launcher sees the rank fail and stops the others (:class:`RankFailed`).
+    with status 1 after :data:`SETTLE_S`, so the launcher sees the rank that failed first (this one, or a rank
+    whose death made this one's collective fail) end first, and stops the others (:class:`RankFailed`).
 
     Neither of the other ways out ends: destroying the group deadlocked as :func:`finish` explains (a gloo
     worker that waits for the GIL this handler holds), and a group left to the interpreter's teardown is
@@ -228,4 +234,5 @@ def _leave():
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        time.sleep(SETTLE_S)  # releases the GIL: a gloo worker waiting for it goes on
         _end(1)
