@@ -213,8 +213,8 @@ def test_one_deadline_covers_every_part(shm, key, tmp_path, procs):
         CSCGraph.shared(key, affinity="host", directory=shm, timeout=timeout)
     elapsed = time.monotonic() - start
     assert f"pid {writer.pid}" in str(info.value)
-    assert timeout * 0.9 <= elapsed < 5 * timeout
-    assert not os.path.exists(marker + ".done")  # it gave up while the writer was still writing
+    assert timeout * 0.9 <= elapsed < SLOW  # it waited out its deadline (an upper bound only against a hang)
+    assert not os.path.exists(marker + ".done")  # one deadline: it gave up while the writer was still writing
 
 
 def test_a_frozen_writer_is_a_timeout_naming_its_pid(shm, key, tmp_path, procs):
@@ -228,7 +228,7 @@ def test_a_frozen_writer_is_a_timeout_naming_its_pid(shm, key, tmp_path, procs):
         start = time.monotonic()
         with pytest.raises(SharedTableTimeout, match=f"pid {writer.pid}"):
             CSCGraph.shared(key, affinity="host", directory=shm, timeout=timeout)
-        assert timeout * 0.9 <= time.monotonic() - start < 5 * timeout
+        assert timeout * 0.9 <= time.monotonic() - start < SLOW  # an upper bound only against a hang
     finally:
         os.kill(writer.pid, signal.SIGKILL)
         writer.communicate(timeout=SLOW)
