@@ -30,7 +30,7 @@ setup(
     python_requires=">=3.11,<3.14",
     # kernels/ and loaders/ install as directload.kernels and directload.loaders,
     # so nothing lands under a generic top-level name.
-    packages=["directload", "directload.datasets", "directload.graph", "directload.harness",
+    packages=["directload", "directload.budget", "directload.datasets", "directload.graph", "directload.harness",
               "directload.harness.commands", "directload.stores", "directload.stores.policies", "directload.kernels",
               "directload.loaders", "directload.loaders.dgl", "directload.loaders.pyg"],
     package_dir={

@@ -36,7 +36,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, print_table, pyplot, save_figure, system_facts, write_json  # noqa: E402
 
-from directload.stores import DiskStore, disk_uring  # noqa: E402
+from directload.stores import DiskOptions, StoreSpec, disk_uring, open_store  # noqa: E402
 
 HEADER = 4096
 
@@ -171,8 +171,9 @@ def main(argv=None):
     for row in [int(s) for s in args.sizes.split(",")]:
         rows = (size - HEADER) // row
         bs = max(512, -(-row // 512) * 512)
-        store = DiskStore(path, dtype=torch.uint8, shape=(rows, row), offset=HEADER, queue_depth=args.qd,
-                          engine=args.engine)
+        handle = open_store(StoreSpec(path, tiers=False, disk=DiskOptions(
+            dtype=torch.uint8, shape=(rows, row), offset=HEADER, queue_depth=args.qd, engine=args.engine)))
+        store = handle.store  # the disk store itself, timed
         store.read(torch.arange(4))  # compile outside the timing
         rec = {"diskstore": [], "memmap": [], "pread": [], "limit": []}
         for _ in tqdm(range(args.rounds), desc=f"{row} B rows"):
@@ -181,7 +182,7 @@ def main(argv=None):
             rec["pread"].append(pread_round(path, row, rows, rng, args.cold_batch))
             point = fio_point(path, bs, args.qd, args.fio_seconds, size)
             rec["limit"].append(point or bare_uring_point(path, bs, args.qd, args.fio_seconds, size, rng))
-        store.close()
+        handle.close()
         ds_iops = _spread([r["iops"] for r in rec["diskstore"]])
         lim_iops = _spread([r["iops"] for r in rec["limit"]])
         ratio = _spread([d["iops"] / lim["iops"] for d, lim in zip(rec["diskstore"], rec["limit"])])

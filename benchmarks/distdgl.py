@@ -85,6 +85,7 @@ def main():
     args = p.parse_args()
     from directload.harness.train_dist import run  # needs DGL: after --help, which works in every lane
     from directload.loaders.dgl.distributed import read_partitions
+    from directload.stores import StoreSpec
 
     if not dataset_exists(args.root, args.dataset):
         synthesize(args.root, args.dataset)
@@ -99,7 +100,8 @@ def main():
                 results[mode].append(run(configs[kind], root=args.root, dataset=args.dataset, epochs=args.epochs,
                                          fanouts=args.fanouts, batch_size=args.batch_size, hidden=args.hidden,
                                          seed=seed, fetch="dgl" if mode == "dgl" else "directload",
-                                         host_bytes=int(part_bytes * args.cache_frac) if mode == "tiered" else 0))
+                                         store=StoreSpec(host_bytes=int(part_bytes * args.cache_frac))
+                                         if mode == "tiered" else None))
                 bar.update()
     one = _one_process(args)
     base = _summary("dgl", results["dgl"]) if "dgl" in results else None

@@ -40,8 +40,7 @@ from _common import (  # noqa: E402
 )
 
 from directload.harness.parser import HelpFormatter  # noqa: E402
-from directload.stores import DiskStore, PartitionedStore, TensorStore, write_disk_store  # noqa: E402
-from directload.stores.exchange import RowExchange  # noqa: E402
+from directload.stores import PartitionSpec, StoreSpec, open_store, write_disk_store  # noqa: E402
 from directload.stores.partitioned import partition_bounds  # noqa: E402
 
 WORLD = 2
@@ -86,7 +85,6 @@ def rank_main(args):
                             timeout=timedelta(seconds=args.timeout))
     table = torch.randn(args.rows, args.dim, generator=torch.Generator().manual_seed(0))
     bounds = partition_bounds(args.rows, WORLD)
-    lo, hi = int(bounds[rank]), int(bounds[rank + 1])
     sizes = [int(s) for s in args.sizes.split(",")]
     batches = skewed_batches(np.random.default_rng([args.seed, rank]), bounds, rank, sizes, args.batches + 2,
                              args.remote, args.skew)
@@ -95,19 +93,19 @@ def rank_main(args):
     if rank == 0:
         (work / "whole").mkdir()
         write_disk_store(table, whole_disk, progress=False)
-    (work / f"rank{rank}").mkdir()
-    half_disk = write_disk_store(table[lo:hi], work / f"rank{rank}" / "rows.npy", progress=False)
     dist.barrier()
     rows = []
     steps = len(sizes) * 2 * (args.batches + 2)
     with tqdm(total=steps, desc=f"rank {rank}", disable=rank != 0) as bar:
         for kind in ("memory", "disk"):
-            local = TensorStore(table[lo:hi].clone()) if kind == "memory" else DiskStore(half_disk)
-            exchange = RowExchange(local, bounds, timeout=args.timeout)
-            modes = {"partitioned": PartitionedStore(local, exchange, bounds, part=rank),
-                     "whole (memory)": TensorStore(table)}
+            # this rank's rows (of the table in memory, or of the file on disk), the others by all-to-all
+            opened = {"partitioned": open_store(StoreSpec(table if kind == "memory" else whole_disk, tiers=False,
+                                                          partition=PartitionSpec(timeout=args.timeout))),
+                      "whole (memory)": open_store(StoreSpec(table, tiers=False))}
             if kind == "disk":
-                modes["whole (disk)"] = DiskStore(whole_disk)
+                opened["whole (disk)"] = open_store(StoreSpec(whole_disk, tiers=False))
+            modes = {mode: handle.store for mode, handle in opened.items()}  # the stacks themselves, timed
+            exchange = modes["partitioned"].remote
             for size in sizes:
                 times = {mode: [] for mode in modes}
                 for i, ids in enumerate(batches[size]):
@@ -127,10 +125,8 @@ def rank_main(args):
                                  "remote rows/batch": s["rows_asked"] / args.batches if mode == "partitioned" else 0,
                                  "dups saved/batch": s["duplicates_saved"] / args.batches if mode == "partitioned"
                                  else 0})
-            for store in modes.values():
-                store.close()
-            exchange.close()
-            local.close()
+            for handle in opened.values():
+                handle.close()
     dist.barrier()
     if rank == 0:
         Path(args.out).write_text(json.dumps(rows))

@@ -23,28 +23,35 @@ from _common import RESULTS, print_table, system_facts, write_json
 from directload.datasets import PRESETS, dataset_exists, load, synthesize
 from directload.harness.parser import HelpFormatter
 from directload.harness.plotting import pyplot, save_figure
-from directload.stores import DiskStore, HostCache, access_counts, renumber, write_disk_store
+from directload.stores import (
+    DiskStore,
+    StoreSpec,
+    access_counts,
+    open_store,
+    read_layout,
+    renumber,
+    walk,
+    write_disk_store,
+)
 
 sys.path.insert(0, str(Path(__file__).parent))
 from cache_policies import epoch_trace  # noqa: E402
 
 
 def replay(path, batches, cache_frac):
-    """Disk counters of one epoch of ``batches`` on the store at ``path`` (behind a cache when
-    ``cache_frac``)."""
-    with DiskStore(path) as disk:
-        top = HostCache(disk, int(disk.num_rows * cache_frac) * disk.row_nbytes, "lookahead") if cache_frac \
-            else disk
+    """Disk counters of one epoch of ``batches`` on the store at ``path`` (behind a host cache of
+    ``cache_frac`` of the table, without read-ahead slots, when ``cache_frac``)."""
+    layout = read_layout(path)
+    host = int(layout.shape[0] * cache_frac) * layout.row_nbytes
+    with open_store(StoreSpec(path, tiers=bool(cache_frac), host_bytes=host, staging_bytes=0,
+                              policy="lookahead")) as top:
         for b in batches[:4]:
             top.prefetch(b)
         for i, b in enumerate(batches):
             top.read(b)
             if i + 4 < len(batches):
                 top.prefetch(batches[i + 4])
-        s = disk.stats()
-        if top is not disk:
-            top.close()
-    return s
+        return next(s for s in walk(top) if isinstance(s, DiskStore)).stats()
 
 
 def main(argv=None):

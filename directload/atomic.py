@@ -1,8 +1,8 @@
 """Files written whole or not at all: write a partial beside the file, sync it, rename it over the file, sync
 the directory.  A killed write leaves only its partial, which the next write of the same file removes.
 
-(A disk store, several files published together, has its own protocol on these pieces:
-:mod:`directload.stores.generations`.)
+(Several files or a folder published together, a disk store or DistDGL's partitions, have their own
+protocol on these pieces: :mod:`directload.publish`.)
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["Capabilities", "capabilities", "usable_device", "NoDeviceError", "require", "io_uring_usable",
-           "liburing_functions"]
+           "liburing_functions", "UnavailableError"]
 
 
 @dataclass(frozen=True)
@@ -248,6 +248,17 @@ class NoDeviceError(DirectloadError, RuntimeError):
     ... except NoDeviceError:
     ...     print("no such device here")
     no such device here
+    """
+
+
+class UnavailableError(DirectloadError, RuntimeError):
+    """Something asked for is missing from this machine or process: a GPU backend's library (CuPy, Numba
+    CUDA), torch's OpenMP runtime.
+
+    Examples
+    --------
+    >>> issubclass(UnavailableError, RuntimeError)
+    True
     """
 
 

@@ -1,4 +1,5 @@
-"""``DirectloadError``: the base of every error directload raises of its own.
+"""``DirectloadError``: the base of every error directload raises of its own; ``DirectloadWarning``: of every
+warning it gives.
 
 Each error keeps its builtin base as well (``ValueError``, ``OSError``,
 ``RuntimeError``, ...), so ``except ValueError`` still catches a
@@ -7,7 +8,7 @@ every error of directload's own (a builtin ``TypeError`` or ``IndexError``
 about a caller's argument stays what it is).
 """
 
-__all__ = ["DirectloadError", "rethrown"]
+__all__ = ["DirectloadError", "DirectloadWarning", "SamplerWarning", "rethrown"]
 
 
 class DirectloadError(Exception):
@@ -23,6 +24,40 @@ class DirectloadError(Exception):
     ... except DirectloadError as exc:
     ...     print(type(exc).__name__, isinstance(exc, ValueError))
     GraphError True
+    """
+
+
+class DirectloadWarning(UserWarning):
+    """The base of every warning directload gives, so that one filter quiets or raises them all.
+
+    Each warning keeps a builtin category as well where one says more (a :class:`RuntimeWarning` for a
+    condition of the machine or its files), so ``warnings.simplefilter("ignore", RuntimeWarning)`` still
+    applies to it.
+
+    Examples
+    --------
+    >>> import warnings
+    >>> from directload.errors import DirectloadWarning, SamplerWarning
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always", DirectloadWarning)
+    ...     warnings.warn("PyG's own sampler runs instead", SamplerWarning)
+    >>> [issubclass(w.category, DirectloadWarning) for w in caught]
+    [True]
+    """
+
+
+class SamplerWarning(DirectloadWarning):
+    """The sampler that runs is not the one asked for: the framework's own (an option directload's sampler
+    does not implement, or a sampler of the caller's), or directload's (the framework has none here).
+
+    Examples
+    --------
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("ignore", SamplerWarning)  # the fallback is known and wanted
+    ...     warnings.warn("PyG's own sampler runs instead", SamplerWarning)
+    >>> caught
+    []
     """
 
 

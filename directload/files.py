@@ -82,7 +82,7 @@ class FileWatch:
                                    "with directload.from_file once it is complete")
 
 
-def from_file(path: os.PathLike[str] | str, dtype: npt.DTypeLike | torch.dtype = None,
+def from_file(path: os.PathLike[str] | str, dtype: npt.DTypeLike | torch.dtype | None = None,
               shape: Sequence[int] | None = None, *, offset: int = 0, mode: Literal["r", "r+"] = "r",
               affinity: str = "cuda", pin: str | bool = "require") -> UnifiedTensor:
     """Memory-map a feature file and make it a unified tensor, copying nothing.

@@ -29,7 +29,7 @@ No rule copies the table: GPU computation reads it in place over PCIe.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -54,8 +54,8 @@ def describe(x: object) -> tuple[str, Any] | None:
     ``("cpu", ndim)``, or ``None`` for non-tensors."""
     if not isinstance(x, torch.Tensor):
         return None
-    if getattr(x, "is_unified", False):
-        return ("unified", x.affinity)
+    if getattr(x, "is_unified", False):  # a unified tensor (a class above this module: cast, not imported)
+        return ("unified", cast("_HasAffinity", x).affinity)
     if x.is_cuda:
         return ("cuda", x.device)
     return ("cpu", x.dim())
@@ -191,7 +191,8 @@ REFUSED_FUNCS = {
     torch.Tensor.set_: "set_()",
     torch.Tensor.resize_: "resize_()",
     torch.Tensor.resize_as_: "resize_as_()",
-    torch._C.TensorBase.data.__set__: "assigning .data",
+    # cast: on the class, .data is its attribute descriptor (torch's stubs type the instance's tensor)
+    cast(Any, torch._C.TensorBase.data).__set__: "assigning .data",
 }
 
 #: In-place operator methods (``x += y`` usually arrives as ``add_``, but not always).

@@ -360,12 +360,12 @@ class NeighborSampler:
                 self.layout, self.device)
             return SampledBatch(nodes, hops, nn, ne, key)
         indptr, indices, eids, weights = self.graph.numpy()
-        nodes, hops, nn, ne = cpu.sample_batch(indptr, indices, eids, weights if self.weighted else None, s,
-                                               self.fanouts, self.replace, key, self.layout,
-                                               self._marks.get(self.graph.num_nodes))
+        host_nodes, host_hops, nn, ne = cpu.sample_batch(indptr, indices, eids, weights if self.weighted else None,
+                                                         s, self.fanouts, self.replace, key, self.layout,
+                                                         self._marks.get(self.graph.num_nodes))
         dev = self.device
-        out_hops = [tuple(torch.from_numpy(a).to(dev) for a in hop) for hop in hops]
-        return SampledBatch(torch.from_numpy(nodes).to(dev), out_hops, nn, ne, key)
+        out_hops = [tuple(torch.from_numpy(a).to(dev) for a in hop) for hop in host_hops]
+        return SampledBatch(torch.from_numpy(host_nodes).to(dev), out_hops, nn, ne, key)
 
 
 class HeteroNeighborSampler:

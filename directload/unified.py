@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from directload.capabilities import capabilities
+from directload.capabilities import NoDeviceError, capabilities
 from directload.errors import DirectloadError
 from directload.kernels import gather
 from directload.kernels.bounds import ids_from_end
@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 
         def check(self) -> None: ...
 
-__all__ = ["UnifiedTensor", "ClosedError", "to_unified", "empty", "zeros", "ones", "is_unified", "host_of"]
+__all__ = ["UnifiedTensor", "ClosedError", "MovedMemoryError", "to_unified", "empty", "zeros", "ones", "is_unified",
+           "host_of"]
 
 
 class ClosedError(DirectloadError, RuntimeError):
@@ -52,6 +53,17 @@ class ClosedError(DirectloadError, RuntimeError):
     Traceback (most recent call last):
     ...
     directload.unified.ClosedError: this unified tensor was closed; create a new one
+    """
+
+
+class MovedMemoryError(DirectloadError, RuntimeError):
+    """The host tensor a unified tensor registered was reallocated (``resize_``): the GPU's mapping is of the
+    old memory, so :meth:`UnifiedTensor.cuda_view` refuses it; ``to_unified()`` again maps the new.
+
+    Examples
+    --------
+    >>> issubclass(MovedMemoryError, RuntimeError)
+    True
     """
 
 
@@ -82,7 +94,7 @@ class UnifiedTensor(torch.Tensor):
     is_unified = True
     # set by _wrap: the host view (None once closed: _live_host() raises), the memory behind it, and how to
     # rebuild it elsewhere
-    _host: torch.Tensor
+    _host: torch.Tensor | None
     _alloc: memory.Allocation
     _affinity: str
     _read_only: bool
@@ -104,7 +116,7 @@ class UnifiedTensor(torch.Tensor):
         t._cuda = None
         return t
 
-    def _live_host(self):
+    def _live_host(self) -> torch.Tensor:
         """The host view, or :class:`ClosedError`: read once, so a ``close()`` on another
         thread cannot turn it into ``None`` between a check and its use."""
         host = self._host
@@ -169,12 +181,12 @@ class UnifiedTensor(torch.Tensor):
         host = self._live_host()
         alloc = self._alloc
         if not torch.cuda.is_available():
-            raise RuntimeError("cuda_view() needs a CUDA device; this machine has none (use .host)")
+            raise NoDeviceError("cuda_view() needs a CUDA device; this machine has none (use .host)")
         if alloc.kind == "host":
-            raise RuntimeError("this unified tensor is in unpinned memory (pinning failed and pin='auto' "
+            raise memory.PinError("this unified tensor is in unpinned memory (pinning failed and pin='auto' "
                                "fell back), so a GPU cannot map it")
         if host.data_ptr() != alloc.ptr:
-            raise RuntimeError("the memory this unified tensor registered has moved: the tensor it was made "
+            raise MovedMemoryError("the memory this unified tensor registered has moved: the tensor it was made "
                                "from was resized (resize_) and reallocated.  Its host view still reads the "
                                "new bytes; call to_unified() again to map them for the GPU")
         device = torch.device(device or "cuda")
@@ -209,7 +221,8 @@ class UnifiedTensor(torch.Tensor):
             return
         self._closed = True
         with torch._C.DisableTorchFunctionSubclass():
-            torch.Tensor.set_(self, torch.empty(0, dtype=self.dtype))
+            # torch's stubs lack the documented set_(source: Tensor)
+            torch.Tensor.set_(self, torch.empty(0, dtype=self.dtype))  # type: ignore[call-overload]
         self._host = self._cuda = None
         self._alloc = _Closed(self._alloc.kind)  # type: ignore[assignment]  # closed: only its kind is left
 
@@ -379,10 +392,11 @@ def _shift_from_end(index, n_rows):
 def _check_cpu_ids(index, n_rows):
     """``IndexError`` for a CPU id outside ``[0, n_rows)``, before it travels to the GPU (ints only)."""
     if index.numel() and index.dtype in (torch.int32, torch.int64):
-        lo, hi = torch.aminmax(index).tolist()
+        lo, hi = torch.stack(torch.aminmax(index)).tolist()
         if lo < 0 or hi >= n_rows:
-            bad = int(((index < 0) | (index >= n_rows)).nonzero()[0, 0])
-            raise out_of_range(int(index.reshape(-1)[bad]), n_rows, position=bad)
+            flat = index.reshape(-1)
+            bad = int(((flat < 0) | (flat >= n_rows)).nonzero()[0, 0])
+            raise out_of_range(int(flat[bad]), n_rows, position=bad)
 
 
 def _write(func, args, kwargs):
@@ -507,7 +521,7 @@ def zeros(shape: int | Sequence[int], *, dtype: torch.dtype = torch.float32, aff
     [0.0, 0.0, 0.0]
     """
     t = empty(shape, dtype=dtype, affinity=affinity, pin=pin, shared=shared)
-    t._host.zero_()
+    t._live_host().zero_()
     return t
 
 
@@ -522,7 +536,7 @@ def ones(shape: int | Sequence[int], *, dtype: torch.dtype = torch.float32, affi
     [1.0, 1.0]
     """
     t = empty(shape, dtype=dtype, affinity=affinity, pin=pin, shared=shared)
-    t._host.fill_(1)
+    t._live_host().fill_(1)
     return t
 
 
@@ -602,7 +616,7 @@ def to_unified(data: torch.Tensor | np.ndarray, affinity: str = "cuda", *, copy:
         raise ValueError("data must be contiguous to be registered in place; pass data.contiguous() or copy=True")
     if copy:
         out = empty(tuple(data.shape), dtype=data.dtype, affinity=affinity, pin=pin)
-        out._host.copy_(data)
+        out._live_host().copy_(data)
         out._read_only = not writable
         return out
     # The host view aliases data's storage itself (and its autograd version counter), not

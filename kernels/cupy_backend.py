@@ -190,7 +190,7 @@ def launch_check_clamp(*, device_id: int, index: torch.Tensor, clamped: torch.Te
 
 
 def launch(src: torch.Tensor, index: torch.Tensor, out: torch.Tensor, *, aligned: bool = True, stream: int = 0) -> int:
-    """The backends' shared launch (see ``kernels.cpu.launch``) on CuPy: ``out[i] = src[index[i]]``.
+    """The backends' shared launch (see ``kernels.registry``) on CuPy: ``out[i] = src[index[i]]``.
 
     Same operands as ``kernels.numba_cuda.launch``: torch tensors, ``src`` in
     device or GPU-mapped host memory, ``index`` range-checked, ``stream`` a
@@ -236,7 +236,7 @@ def gather_tiered_rows(cache_ptr: int, flat_ptr: int, where: torch.Tensor, out: 
 
 def launch_tiered(cache: torch.Tensor, flat: torch.Tensor, where: torch.Tensor, out: torch.Tensor, *,
                   aligned: bool = True, stream: int = 0) -> None:
-    """The backends' shared tiered launch (see ``kernels.tiered.launch_tiered``) on CuPy: torch tensors,
+    """The backends' shared tiered launch (see ``kernels.registry``) on CuPy: torch tensors,
     ``cache`` in device or mapped memory, ``flat`` mapped, ``where`` checked, ``stream`` a ``cudaStream_t``."""
     gather_tiered_rows(cache.data_ptr(), flat.data_ptr(), where.contiguous(), out, aligned=aligned,
                        stream_ptr=stream)

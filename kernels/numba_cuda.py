@@ -281,7 +281,7 @@ def _run_rows(kind, carrier, lanes, device_id, src_ptr, n_rows, row_elems, index
 
 
 def launch(src: torch.Tensor, index: torch.Tensor, out: torch.Tensor, *, aligned: bool = True, stream: int = 0) -> int:
-    """The backends' shared launch (see ``kernels.cpu.launch``) on Numba CUDA: ``out[i] = src[index[i]]``.
+    """The backends' shared launch (see ``kernels.registry``) on Numba CUDA: ``out[i] = src[index[i]]``.
 
     ``src`` is a torch tensor in device memory or pinned, GPU-mapped host
     memory (``[rows, row_elems]`` of a bit carrier, or complex128 for 16-byte
@@ -302,7 +302,7 @@ def launch(src: torch.Tensor, index: torch.Tensor, out: torch.Tensor, *, aligned
 
 def launch_tiered(cache: torch.Tensor, flat: torch.Tensor, where: torch.Tensor, out: torch.Tensor, *,
                   aligned: bool = True, stream: int = 0) -> None:
-    """The backends' shared tiered launch (see ``kernels.tiered.launch_tiered``) on Numba CUDA: torch
+    """The backends' shared tiered launch (see ``kernels.registry``) on Numba CUDA: torch
     tensors, ``cache`` in device or mapped memory, ``flat`` mapped, ``where`` checked, ``stream`` a
     ``cudaStream_t``; nothing synchronises."""
     device_id = where.device.index if where.is_cuda else 0
@@ -335,7 +335,7 @@ def gather_tiered_rows(cache: DeviceNDArray, flat: DeviceNDArray, where: DeviceN
     of a GPU cache and rows zero-copy from mapped host memory land in one
     output.  ``cache`` and ``flat`` are 1-D arrays of one bit-carrier dtype
     (device and mapped memory, or anything with ``__cuda_array_interface__``),
-    ``where`` 1-D int64, already checked (``kernels.tiered.check_where``), and
+    ``where`` 1-D int64, already checked (``kernels.operands.check_where``), and
     ``out`` ``[len(where), row_elems]``.  Nothing synchronises.
     """
     _check_block(block)

@@ -1,25 +1,35 @@
-"""The operands of a gather, checked and viewed in one place.
+"""The operands of a gather, checked in one place.
 
 A kernel writes ``out`` through raw pointers, so operands of the wrong shape, element size or layout are
 refused here (:func:`check_launch`) rather than written past their end; ids outside a table get the one
-out-of-range message (:func:`out_of_range`); rows of elements no kernel moves are viewed as words it does
-(:func:`row_words`); and memory that must not overlap is compared here (:func:`memory_span`,
-:func:`overlaps`).
+out-of-range message (:func:`out_of_range`); and memory that must not overlap is compared here
+(:func:`memory_span`, :func:`overlaps`).  The arguments of a gather (:func:`as_index`, :func:`check_src`,
+:func:`check_out`, ...) and of a tiered gather (:func:`check_tiered`) are checked here too, before any work, each
+with the typed error a caller can act on: ``TypeError`` for a wrong type or dtype, ``ValueError`` for a wrong
+shape, layout, device or overlap, ``IndexError`` for an id out of range.  The fast paths
+(:mod:`directload.kernels.cpu_path`, :mod:`directload.kernels.gpu_path`) check only what a cached table leaves
+open and hand anything unusual back to these.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from .carriers import ELEMENT_SIZES
+from .cpu_kernels import first_invalid
+from .devices import MAPPED, memory_of
+from .views import RowWords, row_words
 
+# RowWords and row_words lived here before views had a module of its own, and are imported from here still.
 __all__ = ["check_launch", "check_readable", "out_of_range", "RowWords", "row_words", "memory_span", "overlaps",
-           "host_of", "can_gather"]
+           "host_of", "can_gather", "INDEX_DTYPES", "as_index", "check_cpu_bounds", "check_strict_bounds",
+           "check_tensor", "check_elements", "check_src", "check_devices", "check_out", "check_disjoint",
+           "check_no_overlap", "check_tiered", "check_where"]
 
 
 def host_of(x: Any, *, checked: bool = False) -> Any:
@@ -61,47 +71,9 @@ def can_gather(table: Any) -> bool:
             and table.element_size() in ELEMENT_SIZES and not table.is_complex()
             and table.device.type in ("cpu", "cuda"))
 
+
+
 _DEVICE_TYPES = ("cpu", "cuda")  # where a gather reads and writes; "meta" tensors have no memory at all
-
-
-@dataclass(frozen=True)
-class RowWords:
-    """How rows of a table are held and moved by the kernels: as ``dtype`` elements, ``shape`` per row, each
-    element of the table ``ratio`` of them (1: the table's own dtype).
-
-    Examples
-    --------
-    >>> row_words(torch.complex128, (2,)).same, row_words(torch.float16, (2,)).same
-    (False, True)
-    """
-
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    ratio: int
-
-    @property
-    def same(self) -> bool:
-        """Whether the rows move in their own dtype (no view needed)."""
-        return self.ratio == 1
-
-
-def row_words(dtype: torch.dtype, row_shape: Sequence[int]) -> RowWords:
-    """The words the kernels move rows of ``dtype`` and ``row_shape`` in: the dtype itself for 1, 2, 4 and
-    8-byte elements; wider ones (complex128) as their bytes, in 8-byte words (or bytes).
-
-    Examples
-    --------
-    >>> row_words(torch.float32, (3,))
-    RowWords(dtype=torch.float32, shape=(3,), ratio=1)
-    >>> row_words(torch.complex128, (3,))
-    RowWords(dtype=torch.int64, shape=(6,), ratio=2)
-    """
-    elem = torch.empty(0, dtype=dtype).element_size()
-    if elem in ELEMENT_SIZES:
-        return RowWords(dtype, tuple(row_shape), 1)
-    carrier = torch.int64 if elem % 8 == 0 else torch.uint8
-    ratio = elem // torch.empty(0, dtype=carrier).element_size()
-    return RowWords(carrier, (int(np.prod(row_shape, dtype=np.int64)) * ratio,), ratio)
 
 
 def memory_span(t: torch.Tensor | np.ndarray, *, whole: bool = False) -> tuple[int, int]:
@@ -225,3 +197,224 @@ def check_launch(src: torch.Tensor | np.ndarray, index: torch.Tensor | np.ndarra
         raise ValueError(f"out's elements are {_itemsize(out)} bytes but src's are {_itemsize(src)}")
     if not (_contiguous(src) and _contiguous(out)):
         raise ValueError("src and out must be C-contiguous")
+
+
+# ---------------------------------------------------------------- a gather's arguments
+
+#: The dtypes of a gather's ids.
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def as_index(index: torch.Tensor | np.ndarray, n_rows: int, *, cpu_bounds: bool = True,
+             strict: bool = False) -> torch.Tensor:
+    """The index as a contiguous tensor, after dtype, shape and range checks.
+
+    ``cpu_bounds=False`` leaves the range check of a CPU index to the kernel,
+    which checks every index before it writes anything (one pass, not two).  A CUDA
+    index is range-checked by the GPU kernel (:mod:`kernels.bounds`), never read here,
+    unless ``strict`` (one sync: :func:`check_strict_bounds`).
+
+    Examples
+    --------
+    >>> as_index(np.array([2, 0]), 3)
+    tensor([2, 0])
+    >>> as_index(torch.tensor([1.0]), 3)
+    Traceback (most recent call last):
+    ...
+    TypeError: index must be int32 or int64, got torch.float32
+    """
+    if isinstance(index, np.ndarray):
+        index = torch.from_numpy(index)
+    if not isinstance(index, torch.Tensor):
+        raise TypeError(f"index must be a torch.Tensor or numpy.ndarray, got {type(index).__name__}")
+    check_readable(index, "index")
+    if index.dtype not in INDEX_DTYPES:
+        raise TypeError(f"index must be int32 or int64, got {index.dtype}")
+    if index.dim() != 1:
+        raise ValueError(f"index must be 1-D, got {index.dim()}-D with shape {tuple(index.shape)}")
+    index = index.contiguous()
+    if index.is_cuda:
+        if strict:
+            check_strict_bounds(index, n_rows)
+    elif cpu_bounds:
+        check_cpu_bounds(index, n_rows)
+    return index
+
+
+def check_cpu_bounds(index: torch.Tensor, n_rows: int) -> None:
+    """Raise ``IndexError`` if a CPU id is out of range (a read of host memory, no sync)."""
+    bad = first_invalid(index.numpy(), n_rows)
+    if bad >= 0:
+        raise out_of_range(int(index[bad]), n_rows, position=bad)
+
+
+def check_strict_bounds(index: torch.Tensor, n_rows: int) -> None:
+    """``strict=True``: raise ``IndexError`` now if a CUDA id is out of range, after one device-to-host sync."""
+    if index.numel():
+        lo, hi = torch.stack(torch.aminmax(index)).tolist()  # the one sync of strict mode
+        if lo < 0 or hi >= n_rows:
+            bad = int(((index < 0) | (index >= n_rows)).nonzero()[0, 0])
+            raise out_of_range(int(index[bad]), n_rows, position=bad)
+
+
+def check_tensor(t: object, name: str) -> None:
+    """Raise unless ``t`` is a torch tensor with memory a gather can address (``TypeError``, or ``ValueError``
+    for a ``meta`` tensor: see :func:`check_readable`)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_readable(t, name)
+
+
+def check_elements(t: torch.Tensor, name: str) -> None:
+    """Raise ``TypeError`` unless ``t``'s elements are of a size the kernels move (1, 2, 4 or 8 bytes)."""
+    if t.element_size() not in ELEMENT_SIZES:
+        raise TypeError(f"{name} elements must be 1, 2, 4 or 8 bytes, got {t.dtype} ({t.element_size()} B)")
+
+
+def check_src(src: torch.Tensor) -> None:
+    """Raise unless ``src`` is a table a gather reads: a tensor of at least one dimension (rows), elements of
+    1, 2, 4 or 8 bytes, contiguous.
+
+    Examples
+    --------
+    >>> check_src(torch.zeros(4, 3))
+    >>> check_src(torch.zeros(4, 3).t())
+    Traceback (most recent call last):
+    ...
+    ValueError: src must be contiguous: a strided table would need a full copy, ...
+    """
+    check_tensor(src, "src")
+    if src.dim() == 0:
+        raise ValueError("src must have at least one dimension (rows)")
+    check_elements(src, "src")
+    if not src.is_contiguous():
+        raise ValueError("src must be contiguous: a strided table would need a full copy, which "
+                         "gather never makes silently; call .contiguous() once up front")
+
+
+def check_devices(index_device: torch.device, src_location: str, src_device: torch.device) -> None:
+    """Raise ``ValueError`` when a CUDA index and CUDA ``src`` sit on different devices.
+
+    Mapped host memory is readable from every device (portable), so only
+    device memory must match.
+    """
+    if index_device.type == "cuda" and src_location == "cuda" and src_device != index_device:
+        raise ValueError(f"index is on {index_device} but src is on {src_device}; move one of them")
+
+
+def check_out(out: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+    """Raise unless ``out`` can take a gather's result: a contiguous tensor of ``shape`` and ``dtype`` on
+    ``device`` (``TypeError`` for the type or dtype, ``ValueError`` for the rest).
+
+    Examples
+    --------
+    >>> check_out(torch.empty(2, 3), (2, 3), torch.float32, torch.device("cpu"))
+    >>> check_out(torch.empty(2, 4), (2, 3), torch.float32, torch.device("cpu"))
+    Traceback (most recent call last):
+    ...
+    ValueError: out has shape (2, 4), expected (2, 3)
+    """
+    check_tensor(out, "out")
+    if out.dtype != dtype:
+        raise TypeError(f"out has dtype {out.dtype}, expected {dtype}")
+    if tuple(out.shape) != shape:
+        raise ValueError(f"out has shape {tuple(out.shape)}, expected {shape}")
+    if out.device != device:
+        raise ValueError(f"out is on {out.device}, expected {device}")
+    if not out.is_contiguous():
+        raise ValueError("out must be contiguous")
+
+
+def check_disjoint(out: torch.Tensor, inputs: Mapping[str, torch.Tensor]) -> None:
+    """Raise ``ValueError`` when ``out`` shares memory with one of ``inputs`` (name -> tensor).
+
+    The kernel would read what it has just written: rows already overwritten
+    (wrong rows, silently), or ids overwritten mid-gather (wild reads).
+    torch refuses ``index_select(..., out=)`` on overlapping memory for the
+    same reason.  Addresses are compared as they are: with unified addressing
+    a mapped host table and its CUDA view share them.
+    """
+    span = memory_span(out)
+    for name, other in inputs.items():
+        if overlaps(span, memory_span(other)):
+            raise ValueError(f"out shares memory with {name}: a gather cannot write where it reads; "
+                             "pass a separate out (or clone() the input first)")
+
+
+def check_no_overlap(out: torch.Tensor, src: torch.Tensor, index: torch.Tensor) -> None:
+    """Raise ``ValueError`` when ``out`` shares memory with ``src`` or ``index`` (:func:`check_disjoint`)."""
+    check_disjoint(out, {"src": src, "index": index})
+
+
+def check_tiered(cache: torch.Tensor, flat: torch.Tensor, where: torch.Tensor, out: torch.Tensor | None,
+                 device: torch.device | str | None) -> tuple[torch.Tensor, torch.device]:
+    """Check a tiered gather's arguments (:func:`directload.kernels.tiered.gather_tiered`'s) before any work:
+    ``(where, device)``, ``where`` contiguous and ``device`` the one the gather runs on (a CUDA device with its
+    index, or the CPU for a CPU ``where``).  Raises as the plain gather's checks do, and ``IndexError`` for a
+    ``where`` value outside its tier (:func:`check_where`).
+
+    Examples
+    --------
+    >>> check_tiered(torch.zeros(2, 3), torch.zeros(9), torch.tensor([1, -7]), None, None)
+    (tensor([ 1, -7]), device(type='cpu'))
+    >>> check_tiered(torch.zeros(2, 3), torch.zeros(9), torch.tensor([2]), None, None)
+    Traceback (most recent call last):
+    ...
+    IndexError: cache slot 2 is out of range for 2 slots (valid 0..1)
+    """
+    for name, t in (("cache", cache), ("flat", flat), ("where", where)):
+        check_tensor(t, name)
+    if where.dtype != torch.int64 or where.dim() != 1:
+        raise TypeError(f"where must be a 1-D int64 tensor, got {where.dtype} with shape {tuple(where.shape)}")
+    where = where.contiguous()  # the CUDA C kernel reads a raw pointer: the values checked are the values read
+    run_on = where.device if device is None else torch.device(device)
+    if run_on.type == "cuda" and run_on.index is None:
+        run_on = torch.device("cuda", torch.cuda.current_device())
+    if run_on.type not in ("cpu", "cuda") or (run_on.type == "cpu" and where.is_cuda):
+        raise ValueError(f"device must be a CUDA device (or the CPU, for a CPU where), got {run_on}")
+    if cache.dim() < 1 or flat.dim() != 1 or cache.dtype != flat.dtype:
+        raise ValueError("cache is [slots, *row_shape] and flat 1-D, of one dtype; got "
+                         f"{cache.dtype}{tuple(cache.shape)} and {flat.dtype}{tuple(flat.shape)}")
+    check_elements(cache, "cache")
+    if not (cache.is_contiguous() and flat.is_contiguous()):
+        raise ValueError("cache and flat must be contiguous")
+    if out is not None:
+        check_out(out, (where.shape[0], *cache.shape[1:]), cache.dtype, run_on)
+        check_disjoint(out, {"cache": cache, "flat": flat, "where": where})
+    if run_on.type == "cuda":
+        if memory_of(flat) != MAPPED or memory_of(cache) not in (MAPPED, run_on):
+            raise ValueError("a GPU tiered gather reads the flat tier zero-copy (pinned, mapped host memory) and "
+                             f"the cache from {run_on} or mapped memory")
+    elif cache.is_cuda or flat.is_cuda:
+        raise ValueError("a CPU where (a CPU gather) cannot read tiers in GPU memory")
+    check_where(where, cache.shape[0], flat.numel(), math.prod(cache.shape[1:]))
+    return where, run_on
+
+
+def check_where(where: np.ndarray | torch.Tensor, n_slots: int, flat_elems: int, row_elems: int) -> None:
+    """Raise ``IndexError`` when a ``where`` value points outside its tier.  Every value, before any copy.
+
+    Parameters
+    ----------
+    where : numpy.ndarray or torch.Tensor
+        1-D int64 (see :func:`directload.kernels.tiered.flat_where`): ``>= 0`` a cache slot, ``< 0`` the flat
+        tier's row at element ``-where - 1``.
+    n_slots, flat_elems, row_elems : int
+        Cache slots, elements of the flat tier, elements per row.
+    """
+    if isinstance(where, torch.Tensor):
+        where = where.detach()
+    if not len(where):
+        return
+    w = torch.as_tensor(where)
+    slots = w[w >= 0]
+    if slots.numel():
+        hi = int(slots.max())
+        if hi >= n_slots:
+            raise out_of_range(hi, n_slots, what="cache slot", unit="slots")
+    offs = -w[w < 0] - 1
+    if offs.numel():
+        hi = int(offs.max())
+        if hi + row_elems > flat_elems:
+            raise IndexError(f"flat-tier row at element {hi} ends past the tier's {flat_elems} elements "
+                             f"(rows of {row_elems})")

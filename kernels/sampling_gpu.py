@@ -307,7 +307,7 @@ def run_batch(launcher: SampleLauncher, indptr: torch.Tensor, indices: torch.Ten
                         (_ptr(marks), _ptr(nodes), _ptr(stages[done:]), np.int64(nodes.shape[0])))
     counts, edge_counts = sizes[:len(fanouts) + 1], sizes[len(fanouts) + 1:]
     num_sampled = [counts[0]] + [b - a for a, b in zip(counts, counts[1:])]
-    out_hops = [tuple(t[:e] for t in hop) for hop, e in zip(hops, edge_counts)]
+    out_hops = [(rows[:e], col[:e], eid[:e]) for (rows, col, eid), e in zip(hops, edge_counts)]
     return nodes[:counts[-1]], out_hops, num_sampled, edge_counts
 
 

@@ -10,117 +10,37 @@ GPU result needs no host copy: rows go from mapped host memory straight into
 the output.
 
 The same index math runs in the Numba CUDA kernels (``numba_cuda``), the CUDA
-C kernels (``cuda/gather.cu``, through CuPy), the CPU kernel below and the
-transaction model (``pcie_model.count_tiered``).
+C kernels (``cuda/gather.cu``, through CuPy), the CPU kernels (``cpu_kernels``)
+and the transaction model (``pcie_model.count_tiered``).  This module checks the
+operands (:func:`directload.kernels.operands.check_tiered`, beside the plain
+gather's checks) and launches the backend :mod:`directload.kernels.registry` picks.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from numba import njit, prange
 
-from directload.capabilities import capabilities
-
-from . import cpu
-from .api import _CARRIER, BACKEND_MODULES, _new_cpu_out, resolve_backend
-from .devices import MAPPED, memory_of
-from .indexing import tier_row
-from .operands import memory_span, out_of_range, overlaps
+from .cpu_launch import fill_rows, launch_tiered
+from .cpu_path import new_output
+from .operands import check_tiered, check_where, out_of_range
+from .registry import choose_backend, tiered_launcher
+from .views import bits, flat_bits
 
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-__all__ = ["gather_tiered", "check_where", "flat_where", "fill_slots"]
-
-_tier_row = njit(inline="always")(tier_row)
+# check_where, launch_tiered and tiered_launcher were defined here before the checks, the CPU kernels and the
+# backend registry had one home each, and are imported from here still.
+__all__ = ["gather_tiered", "check_where", "flat_where", "fill_slots", "launch_tiered", "tiered_launcher"]
 
 
 def flat_where(offsets: npt.ArrayLike) -> np.ndarray:
     """``where`` values for rows of the flat tier at element ``offsets`` (``-offset - 1``)."""
     return -np.asarray(offsets, np.int64) - 1
-
-
-def check_where(where: np.ndarray | torch.Tensor, n_slots: int, flat_elems: int, row_elems: int) -> None:
-    """Raise ``IndexError`` when a ``where`` value points outside its tier.  Every value, before any copy.
-
-    Parameters
-    ----------
-    where : numpy.ndarray or torch.Tensor
-        1-D int64.
-    n_slots, flat_elems, row_elems : int
-        Cache slots, elements of the flat tier, elements per row.
-    """
-    if isinstance(where, torch.Tensor):
-        where = where.detach()
-    if not len(where):
-        return
-    w = torch.as_tensor(where)
-    slots = w[w >= 0]
-    if slots.numel():
-        hi = int(slots.max())
-        if hi >= n_slots:
-            raise out_of_range(hi, n_slots, what="cache slot", unit="slots")
-    offs = -w[w < 0] - 1
-    if offs.numel():
-        hi = int(offs.max())
-        if hi + row_elems > flat_elems:
-            raise IndexError(f"flat-tier row at element {hi} ends past the tier's {flat_elems} elements "
-                             f"(rows of {row_elems})")
-
-
-@njit(inline="always")
-def _tiered_row(cache, flat, where, out, row_elems, r):
-    tier, first, _ = _tier_row(where[r], row_elems, 1, 0, 0)
-    if tier == 0:
-        out[r, :] = cache[first:first + row_elems]
-    else:
-        out[r, :] = flat[first:first + row_elems]
-
-
-@njit(inline="always")
-def _fill_row(table, slots, flat, offsets, row_elems, k):
-    _, first, _ = _tier_row(-offsets[k] - 1, row_elems, 1, 0, 0)
-    table[slots[k], :] = flat[first:first + row_elems]
-
-
-# Each loop twice: on Numba's threads, and serial for a forked child (whose inherited threading layer
-# aborts at its first parallel loop: "fork() called from a process already using GNU OpenMP") or one thread.
-@njit(parallel=True, nogil=True, cache=True)
-def _cpu_tiered_parallel(cache, flat, where, out, row_elems):
-    for r in prange(where.shape[0]):
-        _tiered_row(cache, flat, where, out, row_elems, r)
-
-
-@njit(nogil=True, cache=True)
-def _cpu_tiered_serial(cache, flat, where, out, row_elems):
-    for r in range(where.shape[0]):
-        _tiered_row(cache, flat, where, out, row_elems, r)
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def _cpu_fill_parallel(table, slots, flat, offsets, row_elems):
-    for k in prange(slots.shape[0]):
-        _fill_row(table, slots, flat, offsets, row_elems, k)
-
-
-@njit(nogil=True, cache=True)
-def _cpu_fill_serial(table, slots, flat, offsets, row_elems):
-    for k in range(slots.shape[0]):
-        _fill_row(table, slots, flat, offsets, row_elems, k)
-
-
-def _cpu_tiered(*args):
-    return (_cpu_tiered_parallel if cpu.get_num_threads() > 1 else _cpu_tiered_serial)(*args)
-
-
-def _cpu_fill(*args):
-    return (_cpu_fill_parallel if cpu.get_num_threads() > 1 else _cpu_fill_serial)(*args)
 
 
 def fill_slots(table: torch.Tensor, slots: npt.ArrayLike, flat: torch.Tensor, offsets: npt.ArrayLike) -> torch.Tensor:
@@ -158,15 +78,8 @@ def fill_slots(table: torch.Tensor, slots: npt.ArrayLike, flat: torch.Tensor, of
         return table
     if flat.is_cuda:
         raise ValueError("a host table cannot be filled from GPU memory")
-    carrier = _CARRIER[table.element_size()]
-    _cpu_fill(table.view(carrier).reshape(table.shape[0], row_elems).numpy(), slots, _flat_bits(flat).numpy(),
-              offsets, row_elems)
+    fill_rows(bits(table, table.shape[0]).numpy(), slots, flat_bits(flat).numpy(), offsets)
     return table
-
-
-def _flat_bits(t):
-    """``t``'s elements as a 1-D carrier-dtype view."""
-    return t.view(_CARRIER[t.element_size()]).reshape(-1)
 
 
 def gather_tiered(cache: torch.Tensor, flat: torch.Tensor, where: torch.Tensor, *, out: torch.Tensor | None = None,
@@ -200,74 +113,27 @@ def gather_tiered(cache: torch.Tensor, flat: torch.Tensor, where: torch.Tensor, 
     Raises
     ------
     TypeError, ValueError, IndexError
-        Before any copy: bad dtypes, shapes or devices, or a ``where`` value
-        outside its tier (:func:`check_where`).
+        Before any copy: bad types, dtypes, shapes or devices (in the plain gather's words:
+        :func:`~directload.kernels.operands.check_tiered`), or a ``where`` value outside its tier
+        (:func:`~directload.kernels.operands.check_where`).
+
+    Examples
+    --------
+    >>> cache, flat = torch.tensor([[1.0, 2.0]]), torch.arange(6.0)
+    >>> gather_tiered(cache, flat, torch.tensor([0, -4 - 1]))  # cache slot 0, the flat row at element 4
+    tensor([[1., 2.],
+            [4., 5.]])
     """
-    for name, t in (("cache", cache), ("flat", flat), ("where", where)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if where.dtype != torch.int64 or where.dim() != 1:
-        raise TypeError(f"where must be a 1-D int64 tensor, got {where.dtype} with shape {tuple(where.shape)}")
-    where = where.contiguous()  # the CUDA C kernel reads a raw pointer: the values checked are the values read
-    device = where.device if device is None else torch.device(device)
-    # Ignored below: ``device`` is a torch.device from here on, but mypy keeps the parameter's ``str``.
-    if device.type == "cuda" and device.index is None:  # type: ignore[union-attr]
-        device = torch.device("cuda", torch.cuda.current_device())
-    if device.type not in ("cpu", "cuda") or (device.type == "cpu" and where.is_cuda):  # type: ignore[union-attr]
-        raise ValueError(f"device must be a CUDA device (or the CPU, for a CPU where), got {device}")
-    if cache.dim() < 1 or flat.dim() != 1 or cache.dtype != flat.dtype:
-        raise ValueError("cache is [slots, *row_shape] and flat 1-D, of one dtype; got "
-                         f"{cache.dtype}{tuple(cache.shape)} and {flat.dtype}{tuple(flat.shape)}")
-    if cache.element_size() not in _CARRIER:
-        raise TypeError(f"elements must be 1, 2, 4 or 8 bytes, got {cache.dtype}")
-    if not (cache.is_contiguous() and flat.is_contiguous()):
-        raise ValueError("cache and flat must be contiguous")
-    row_shape = tuple(cache.shape[1:])
-    row_elems = math.prod(row_shape)
-    shape = (where.shape[0], *row_shape)
+    where, run_on = check_tiered(cache, flat, where, out, device)
+    shape = (where.shape[0], *cache.shape[1:])
     if out is None:  # a large CPU result comes from the recycling pool, as a plain gather's does
-        out = (torch.empty(shape, dtype=cache.dtype, device=device) if device.type == "cuda"  # type: ignore[union-attr]
-               else _new_cpu_out(shape, cache.dtype))
-    elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != cache.dtype
-          or out.device != device or not out.is_contiguous()):
-        raise ValueError(f"out must be a contiguous {cache.dtype} tensor of shape {shape} on {device}")
-    if device.type == "cuda":  # type: ignore[union-attr]
-        if memory_of(flat) != MAPPED or memory_of(cache) not in (MAPPED, device):
-            raise ValueError("a GPU tiered gather reads the flat tier zero-copy (pinned, mapped host memory) and "
-                             f"the cache from {device} or mapped memory")
-    elif cache.is_cuda or flat.is_cuda:
-        raise ValueError("a CPU where (a CPU gather) cannot read tiers in GPU memory")
-    for name, t in (("cache", cache), ("flat", flat), ("where", where)):
-        if overlaps(memory_span(out), memory_span(t)):
-            raise ValueError(f"out shares memory with {name}: a gather cannot write where it reads")
-    check_where(where, cache.shape[0], flat.numel(), row_elems)
-    if where.device != device:  # a CPU where, checked above without a sync, for a GPU gather
-        where = where.pin_memory().to(device, non_blocking=True)
+        out = (torch.empty(shape, dtype=cache.dtype, device=run_on) if run_on.type == "cuda"
+               else new_output(shape, cache.dtype))
+    if where.device != run_on:  # a CPU where, checked above without a sync, for a GPU gather
+        where = where.pin_memory().to(run_on, non_blocking=True)
     if out.numel() == 0:
         return out
-    c, f, o = _flat_bits(cache), _flat_bits(flat), out.view(_CARRIER[out.element_size()]).reshape(shape[0], row_elems)
-    if where.is_cuda:
-        caps = capabilities()
-        backend = resolve_backend(backend, True, "mapped", has_cupy=caps.cupy, has_numba_cuda=caps.numba_cuda)
-    else:
-        backend = resolve_backend(backend, False, "host", has_cupy=False, has_numba_cuda=False)
-    tiered_launcher(backend)(c, f, where, o, aligned=aligned,
-                             stream=torch.cuda.current_stream(where.device).cuda_stream if where.is_cuda else 0)
+    name = choose_backend(backend, where.is_cuda, "mapped" if where.is_cuda else "host")
+    tiered_launcher(name)(flat_bits(cache), flat_bits(flat), where, bits(out, shape[0]), aligned=aligned,
+                          stream=torch.cuda.current_stream(where.device).cuda_stream if where.is_cuda else 0)
     return out
-
-
-def launch_tiered(cache: torch.Tensor, flat: torch.Tensor, where: torch.Tensor, out: torch.Tensor, *,
-                  aligned: bool = True, stream: int = 0) -> None:
-    """The CPU backend's tiered launch (the same signature as ``numba_cuda.launch_tiered`` and
-    ``cupy_backend.launch_tiered``): ``out[r]`` = cache row ``where[r]``, or the flat tier's row at element
-    ``-where[r] - 1``.  Torch tensors of one bit carrier, ``cache`` and ``flat`` 1-D, ``out``
-    ``[len(where), row_elems]``, ``where`` checked; ``aligned`` and ``stream`` mean nothing on the CPU."""
-    _cpu_tiered(cache.numpy(), flat.numpy(), where.numpy(), out.numpy(), out.shape[1])
-
-
-def tiered_launcher(name: str) -> Callable[..., None]:
-    """The ``launch_tiered`` function of backend ``name`` (``"cpu"``, ``"numba_cuda"`` or ``"cupy"``)."""
-    if name == "cpu":
-        return launch_tiered
-    return importlib.import_module(BACKEND_MODULES[name], __package__).launch_tiered
-

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from directload.errors import DirectloadWarning
+
 from .sources import cache_dir
 from .tune_keys import TuneKey
 from .variants import Variant
@@ -31,7 +33,7 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
 
 
-class TunerCacheWarning(RuntimeWarning):
+class TunerCacheWarning(DirectloadWarning, RuntimeWarning):
     """The tuner's cache file could not be read or written: the tuner goes on in memory.
 
     >>> issubclass(TunerCacheWarning, RuntimeWarning)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["KERNELS", "Variant", "legal_width", "sub_warp_lanes", "candidates", "default_variant",
+__all__ = ["KERNELS", "Variant", "legal_width", "vector_units", "sub_warp_lanes", "candidates", "default_variant",
            "SMALL_ROW", "VECTOR_WIDTHS"]
 
 KERNELS = ("index_select", "rowvec", "naive", "aligned")
@@ -93,6 +93,20 @@ def legal_width(row_bytes: int, src_addr: int, out_addr: int) -> int:
     if row_bytes <= 0:
         return 1
     return math.gcd(16, row_bytes, src_addr % 16 or 16, out_addr % 16 or 16)
+
+
+def vector_units(row_bytes: int, src_addr: int, out_addr: int) -> bool:
+    """Whether the aligned GPU kernel may read 16-byte units (CUDA ``uint4`` vector loads).
+
+    Every row must start and end on a 16-byte boundary in both tables: rows a
+    multiple of 16 bytes, both tables 16-byte aligned (:func:`legal_width` of 16).  Pure.
+
+    Examples
+    --------
+    >>> vector_units(400, 0x1000, 0x2040), vector_units(404, 0x1000, 0x2040), vector_units(400, 0x1004, 0)
+    (True, False, False)
+    """
+    return row_bytes > 0 and legal_width(row_bytes, src_addr, out_addr) == 16
 
 
 def sub_warp_lanes(row_bytes: int, width: int) -> int:

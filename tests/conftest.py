@@ -67,6 +67,32 @@ DTYPES = (torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.float32,
           torch.int32, torch.float64, torch.int64, torch.bool)
 
 
+#: The lanes a test marked ``one_lane`` may name.
+LANES = ("dgl", "pyg")
+_OTHER_LANE = pytest.StashKey[int]()  # how many tests this lane left to the other
+
+
+def _lane_of(item):
+    """The lane an item marked ``@pytest.mark.one_lane("dgl" | "pyg")`` runs in, or None (every lane)."""
+    marker = item.get_closest_marker("one_lane")
+    if marker is None:
+        return None
+    if len(marker.args) != 1 or marker.args[0] not in LANES:
+        raise pytest.UsageError(f"{item.nodeid}: one_lane takes one lane of {LANES}, got {marker.args}")
+    return marker.args[0]
+
+
+def split_by_lane(items, lane):
+    """``(here, elsewhere)``: the items that run in ``lane`` and those marked ``one_lane`` for the other.  A test
+    that does not depend on torch's or numpy's version runs in one lane of scripts/dev.sh (pytest.ini's
+    ``one_lane``); a plain run (``lane`` empty: DIRECTLOAD_LANE unset) runs every test."""
+    here, elsewhere = [], []
+    for item in items:
+        marked = _lane_of(item)  # checked in a plain run too: a wrong lane name fails everywhere
+        (elsewhere if lane and marked not in (None, lane) else here).append(item)
+    return here, elsewhere
+
+
 def pytest_collection_modifyitems(config, items):
     no_gpu = pytest.mark.skip(reason="needs a CUDA device")
     no_ogb = pytest.mark.skip(reason="needs OGB (pip install 'directload[ogb]')")
@@ -75,6 +101,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(no_gpu)
         if item.get_closest_marker("ogb") and not HAS_OGB:
             item.add_marker(no_ogb)
+    here, elsewhere = split_by_lane(items, LANE)
+    if elsewhere:
+        config.hook.pytest_deselected(items=elsewhere)
+        items[:] = here
+    config.stash[_OTHER_LANE] = len(elsewhere)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    count = config.stash.get(_OTHER_LANE, 0)
+    if count:
+        other = next(lane for lane in LANES if lane != LANE)
+        terminalreporter.write_line(f"{count} tests marked one_lane({other!r}) were deselected: they run in the "
+                                    f"{other} lane")
 
 
 def _devices():

@@ -109,6 +109,7 @@ def test_library_errors_are_one_line(tmp_path, args, match, capsys):
     assert re.search(match, err), err
 
 
+@pytest.mark.one_lane("dgl")  # a whole-process run: torch's version does not change it
 def test_debug_shows_the_traceback(tmp_path):
     for argv in (["--debug", "train"], ["train", "--debug"]):
         proc = _run(*argv, "--root", str(tmp_path), "--layers", "2", "--fanouts", "5", "--no-progress")
@@ -150,6 +151,7 @@ def test_bad_numbers_are_refused_by_the_parser(capsys):
     assert "must be" in capsys.readouterr().err
 
 
+@pytest.mark.one_lane("dgl")  # a whole-process run: torch's version does not change it
 def test_every_help_of_every_command_prints():
     # in-process: every parser and subparser formats its help (a stray % in a help string crashed argparse)
     for parser, _ in _actions(build_parser()):
@@ -182,6 +184,7 @@ sys.exit(1 if failed else 0)
 """
 
 
+@pytest.mark.one_lane("dgl")  # a whole-process run: torch's version does not change it
 def test_every_benchmarks_help_prints():
     proc = subprocess.run([sys.executable, "-c", HELP_OF_EVERY_BENCHMARK], capture_output=True, encoding="utf-8",
                           timeout=300)
@@ -190,6 +193,7 @@ def test_every_benchmarks_help_prints():
     assert cache.returncode == 0 and cache.stdout.startswith("usage:") and "Traceback" not in cache.stderr
 
 
+@pytest.mark.one_lane("dgl")  # a whole-process run: torch's version does not change it
 def test_bench_versus_refuses_a_ref_that_names_no_commit_before_any_work():
     proc = _run("bench", "versus", "--ref", "no-such-ref-here", "--", "loader")
     assert proc.returncode == 2 and "'no-such-ref-here' is not a commit of this checkout" in proc.stderr

@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MKDOCS = ROOT / ".venv-docs" / "bin" / "mkdocs"
 
 
+@pytest.mark.one_lane("dgl")  # a whole-process run: torch's version does not change it
 @pytest.mark.skipif(not MKDOCS.exists(), reason="no .venv-docs here (`bash scripts/dev.sh test` sets it up: "
                                                 "python3.11 -m venv .venv-docs, then pip install the docs extra)")
 def test_mkdocs_build_strict(tmp_path):

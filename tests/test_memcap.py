@@ -147,6 +147,7 @@ def limit_for_tests():
     return _anonymous_rss() + (256 << 20)
 
 
+@pytest.mark.one_lane("dgl")  # a whole-process run: torch's version does not change it
 @needs_cgroup
 def test_the_cap_is_real_and_its_cgroup_goes_when_the_run_ends(capsys):
     limit = limit_for_tests()
@@ -160,6 +161,7 @@ def test_the_cap_is_real_and_its_cgroup_goes_when_the_run_ends(capsys):
     assert ours(os.getpid()) == []
 
 
+@pytest.mark.one_lane("dgl")  # a whole-process run: torch's version does not change it
 @needs_cgroup
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_the_guardian_ends_the_run_and_removes_its_cgroup(sig):
@@ -172,6 +174,7 @@ def test_a_signal_to_the_guardian_ends_the_run_and_removes_its_cgroup(sig):
     assert ours(proc.pid) == []
 
 
+@pytest.mark.one_lane("dgl")  # a whole-process run: torch's version does not change it
 @needs_cgroup
 def test_a_command_that_ignores_the_signal_is_killed_after_the_grace_period():
     child = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('started', flush=True); "
@@ -185,6 +188,7 @@ def test_a_command_that_ignores_the_signal_is_killed_after_the_grace_period():
     assert ours(proc.pid) == []
 
 
+@pytest.mark.one_lane("dgl")  # a whole-process run: torch's version does not change it
 @needs_cgroup
 def test_a_signal_the_guardian_was_started_ignoring_stays_ignored():
     proc = guarded(limit_for_tests(), "import time; print('started', flush=True); time.sleep(120)",
@@ -198,6 +202,7 @@ def test_a_signal_the_guardian_was_started_ignoring_stays_ignored():
     assert ours(proc.pid) == []
 
 
+@pytest.mark.one_lane("dgl")  # a whole-process run: torch's version does not change it
 @needs_cgroup
 def test_the_cgroup_of_a_killed_guardian_is_swept_by_the_next_run():
     child = ("from directload.harness.memcap import enter_capped_child; enter_capped_child(); import os, time; "

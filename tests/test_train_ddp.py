@@ -131,6 +131,7 @@ def test_nproc_two_trains_on_two_ranks_and_reports_each(root, tmp_path):
     assert "directload rank 1 of 2: epoch" in out
 
 
+@pytest.mark.one_lane("dgl")  # a whole-process run: torch's version does not change it
 def test_each_rank_ends_with_its_work_whatever_its_teardown_would_do(root, tmp_path):
     """Once rank 0 has written the report the ranks leave together and end: a rank whose interpreter teardown
     would block (an exit handler that waits for ever here, as torch's C++ teardown at exit sometimes does)
@@ -147,6 +148,7 @@ def test_each_rank_ends_with_its_work_whatever_its_teardown_would_do(root, tmp_p
     _check_two_ranks(_report(tmp_path / "out"))
 
 
+@pytest.mark.one_lane("dgl")  # a whole-process run: torch's version does not change it
 def test_torchrun_ranks_join_its_job_and_rank_zero_reports(root, tmp_path):
     code, _, err = _run(["torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "directload", *TRAIN,
                          "--root", str(root), "--out", str(tmp_path), "--loader", "directload"])
@@ -196,6 +198,7 @@ def _wait_for_ranks(proc, n=2):
     return ranks
 
 
+@pytest.mark.one_lane("dgl")  # a whole-process run: torch's version does not change it
 def test_a_rank_killed_mid_training_ends_the_run_with_an_error_naming_it(root, tmp_path):
     argv = [a if a != "2" or i != TRAIN.index("--epochs") + 1 else "200" for i, a in enumerate(TRAIN)]
     proc = subprocess.Popen([sys.executable, "-m", "directload", *argv, "--root", str(root), "--out", str(tmp_path),
@@ -235,6 +238,7 @@ if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ:
 """
 
 
+@pytest.mark.one_lane("dgl")  # a whole-process run: torch's version does not change it
 def test_a_rank_that_raises_mid_training_ends_and_the_run_names_it(root, tmp_path):
     """The failure path ends: the rank that raised exits at once (status 1) however its teardown would go
     (destroying the group never returns here), the launcher stops the other rank, blocked in the step the
@@ -271,6 +275,7 @@ def test_launch_checks_its_own_count_of_ranks_before_starting_any(monkeypatch):
     assert started == []
 
 
+@pytest.mark.one_lane("dgl")  # a whole-process run: torch's version does not change it
 def test_ranks_die_with_the_launcher(root, tmp_path):
     argv = [a if a != "2" or i != TRAIN.index("--epochs") + 1 else "200" for i, a in enumerate(TRAIN)]
     proc = subprocess.Popen([sys.executable, "-m", "directload", *argv, "--root", str(root), "--out", str(tmp_path),
@@ -310,7 +315,7 @@ def test_partitioned_features_train_as_the_whole_table_does(root, tmp_path, feat
     tiers = run["epochs"][-1]["tiers"]
     assert tiers["partitioned"]["remote_rows"] > 0 and tiers["partitioned"]["local_rows"] > 0
     assert tiers["exchange"]["bytes_received"] > 0
-    assert run["config"]["partitioned"] is True
+    assert run["config"]["store"]["partition"] == {"timeout": 60.0}  # the report records the run's spec
     assert abs(accs[True] - accs[False]) < 0.08, accs
 
 

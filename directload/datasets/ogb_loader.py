@@ -23,7 +23,7 @@ import torch
 
 from directload.atomic import write_atomically
 from directload.capabilities import require
-from directload.errors import DirectloadError
+from directload.errors import DirectloadError, DirectloadWarning
 from directload.files import CorruptFileError, from_file, npy_layout
 from directload.unified import to_unified
 
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from directload.unified import UnifiedTensor
 
 __all__ = ["Dataset", "load", "convert", "dataset_dir", "ogb_meta_dict", "FEATURE_FILE", "IncompleteDatasetError",
-           "SplitIndexError"]
+           "SplitIndexError", "KeptGraphWarning"]
 
 #: A memory-mappable copy of the node features, beside OGB's files.
 FEATURE_FILE = "node-feat.npy"
@@ -155,7 +155,7 @@ class Dataset:
             from directload.graph import CSCGraph
 
             crc32c = require("crc32c")
-            edges = memoryview(np.ascontiguousarray(self.edge_index.numpy())).cast("B")  # no copy
+            edges = np.ascontiguousarray(self.edge_index.numpy()).data.cast("B")  # no copy
             source = f"{self.num_nodes} nodes, edge_index crc32c {crc32c.crc32c(edges):08x}"
             where = self.path / "csc"
             try:
@@ -184,6 +184,16 @@ class Dataset:
         return pyg_data.Data(x=self.feat, y=self.labels, edge_index=self.edge_index, num_nodes=self.num_nodes)
 
 
+class KeptGraphWarning(DirectloadWarning, RuntimeWarning):
+    """The graph a dataset kept from an earlier read is refused (torn, or of other files): it is built again.
+
+    Examples
+    --------
+    >>> issubclass(KeptGraphWarning, RuntimeWarning)
+    True
+    """
+
+
 _WARNED: set[Path] = set()  # the csc/ directories whose kept graph was refused, so warned about once
 
 
@@ -191,7 +201,7 @@ def _warn_once(where, message):
     where = where.resolve()
     if where not in _WARNED:
         _WARNED.add(where)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        warnings.warn(message, KeptGraphWarning, stacklevel=3)
 
 
 def ogb_meta_dict(path: os.PathLike[str] | str, num_classes: int) -> dict[str, str | int]:

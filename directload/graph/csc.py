@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -42,7 +42,7 @@ def _count(name, value):
     return int(value)
 
 
-def _as_index(t, name):
+def _as_index(t, name) -> torch.Tensor:
     if not isinstance(t, (torch.Tensor, np.ndarray)):
         raise TypeError(f"{name} must be a tensor or array, got {type(t).__name__}")
     if isinstance(t, np.ndarray):
@@ -121,8 +121,8 @@ class CSCGraph:
         num_src_nodes = num_nodes if num_src_nodes is None else _count("num_src_nodes", num_src_nodes)
         if eids is not None:
             eids = _as_index(eids, "eids")
-            if eids.numel() != indices.numel():  # type: ignore[union-attr]  # a tensor now (_as_index)
-                raise GraphError(f"eids has {eids.numel()} entries for {indices.numel()} edges")  # type: ignore[union-attr]
+            if eids.numel() != indices.numel():
+                raise GraphError(f"eids has {eids.numel()} entries for {indices.numel()} edges")
         if weights is not None:
             if isinstance(weights, np.ndarray):
                 weights = torch.from_numpy(weights)
@@ -132,7 +132,8 @@ class CSCGraph:
             if weights.numel() != indices.numel():
                 raise GraphError(f"weights has {weights.numel()} entries for {indices.numel()} edges")
             weights = weights.contiguous()
-        self._parts = {"indptr": indptr, "indices": indices, "eids": eids, "weights": weights}
+        self._parts: dict[str, torch.Tensor | None] = {"indptr": indptr, "indices": indices, "eids": eids,
+                                                      "weights": weights}
         self.num_nodes = num_nodes
         self.num_src_nodes = num_src_nodes
         self._meta: UnifiedTensor | None = None  # a shared graph's meta table (shared), held with the parts
@@ -142,11 +143,11 @@ class CSCGraph:
 
     @property
     def indptr(self) -> torch.Tensor:
-        return self._parts["indptr"]
+        return cast(torch.Tensor, self._parts["indptr"])  # never None (only eids and weights may be)
 
     @property
     def indices(self) -> torch.Tensor:
-        return self._parts["indices"]
+        return cast(torch.Tensor, self._parts["indices"])  # never None (only eids and weights may be)
 
     @property
     def eids(self) -> torch.Tensor | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -152,7 +152,7 @@ class Layout:
                                    f"{self.describe()}, {what} {other.describe()}; another job uses this key, or "
                                    "the processes build different graphs")
 
-    def check_parts(self, key: str, parts: dict[str, torch.Tensor]) -> None:
+    def check_parts(self, key: str, parts: Mapping[str, torch.Tensor]) -> None:
         """SharedGraphMismatch unless each part has the dtype and length this description gives it."""
         for name, dtype in self.dtypes.items():
             t, length = parts[name], self.num_nodes + 1 if name == "indptr" else self.num_edges

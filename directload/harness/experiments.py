@@ -62,12 +62,7 @@ def _runs(dataset, base, model, seed, loaders, progress):
     """One run of ``model`` with ``seed`` per loader, in turn."""
     rows = []
     for loader in loaders:
-        cfg = TrainConfig(**{**asdict(base), "model": model, "loader": loader, "seed": seed,
-                             "packed": base.packed and loader == "directload",
-                             "node_budget": base.node_budget if loader == "directload" else 0,
-                             "node_io_depth": base.node_io_depth if loader == "directload" else 0,
-                             "shared_hot": base.shared_hot if loader == "directload" else 0,
-                             "sampler": base.sampler if loader == "directload" else "framework"})
+        cfg = base.run_of(loader, model=model, seed=seed)
         t0 = time.perf_counter()
         res = train(dataset, cfg, progress=progress)
         rows.append({"model": model, "loader": loader, "sampler": res.config.get("sampler", cfg.sampler), "seed": seed,
@@ -98,7 +93,10 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     median of the per-seed ratios of epoch times, with ``..._min`` and
     ``..._max`` their range; ``test_acc_vs_reference_pp`` is the mean
     per-seed difference of test accuracy, in percentage points (with its
-    ``_min`` and ``_max``).  With conditions (:func:`compare`), rows are per (model, condition, loader),
+    ``_min`` and ``_max``); ``first_epoch_vs_reference`` is the ratio of the
+    first epochs of the first seed (``first_seed``), where one-time costs
+    (imports, kernels loaded or compiled, cold caches) fall, which a median over
+    seeds would hide.  With conditions (:func:`compare`), rows are per (model, condition, loader),
     compared with the reference under the same condition, and ``epoch_vs_baseline`` is the median per-seed
     ratio of a loader's epoch under a condition to its own under the first condition (the slowdown it
     causes).
@@ -139,10 +137,13 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if loader == "directload" and pairs:
             ratios = _spread([_steady(r["epochs"], "epoch_s") / _steady(d["epochs"], "epoch_s") for r, d in pairs])
             diffs = [100 * (r["test_acc"] - d["test_acc"]) for r, d in pairs]
+            ours, theirs = (run["epochs"][0]["epoch_s"] for run in pairs[0])  # the first seed's first epochs
             row.update({"reference": pairs[0][1]["loader"], "epoch_vs_reference": ratios["median"],
                         "epoch_vs_reference_min": ratios["min"], "epoch_vs_reference_max": ratios["max"],
                         "test_acc_vs_reference_pp": statistics.mean(diffs),
-                        "test_acc_vs_reference_pp_min": min(diffs), "test_acc_vs_reference_pp_max": max(diffs)})
+                        "test_acc_vs_reference_pp_min": min(diffs), "test_acc_vs_reference_pp_max": max(diffs),
+                        "first_seed": pairs[0][0]["seed"], "first_seed_first_epoch_s": ours,
+                        "first_seed_reference_first_epoch_s": theirs, "first_epoch_vs_reference": ours / theirs})
         base = {r["seed"]: r for r in rows if r["model"] == model and r["loader"] == loader
                 and r.get("condition") == order[0]}
         if condition != order[0] and any(r["seed"] in base for r in rs):  # the slowdown a condition causes
@@ -224,6 +225,11 @@ def print_summary(summary: Sequence[Mapping[str, Any]], meta: Mapping[str, Any])
     for row in table:
         print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
     for r in summary:
+        if "first_epoch_vs_reference" in r:
+            print(f"{r['model']}/{r['loader']} first epoch of seed {r['first_seed']}, one-time costs in it (imports, "
+                  f"kernels loaded, cold caches): {r['first_seed_first_epoch_s']:.3f} s against "
+                  f"{r['first_seed_reference_first_epoch_s']:.3f} s for {ref}'s loader "
+                  f"({r['first_epoch_vs_reference']:.3f}x)")
         for k in r.get("ranks") or ():
             print(f"{r['model']}/{r['loader']} rank {k['rank']} of {len(r['ranks'])}: epoch {k['epoch_s']:.3f} s "
                   f"(sample {k['sample_s']:.3f}, gather {k['gather_s']:.3f}, train {k['train_s']:.3f}, "
@@ -281,8 +287,9 @@ def _plot(summary, path, meta):
     steady = "steady epoch, median over seeds" if summary and summary[0]["first_epoch_left_out"] else \
         "one epoch, median over seeds"
     ax.set_ylabel(f"seconds per epoch ({steady})")
-    policy = f", OpenMP wait policy {meta['openmp_wait_policy']}" if "openmp_wait_policy" in meta else ""
+    policy = f"\nOpenMP wait policy {meta['openmp_wait_policy']}" if "openmp_wait_policy" in meta else ""
     ax.set_title(f"Epoch breakdown: {meta.get('dataset', '')} on {meta.get('device', 'cpu')}{policy}")
     # Below the axes, where no bar or label can sit under it.
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4, frameon=False)
+    # The epoch's marker at half size, so its sample stays within the legend's handle, off its label.
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4, frameon=False, markerscale=0.5)
     save_figure(fig, path)

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import argparse
-
-from directload.stores.policies import POLICY_NAMES
-from directload.units import check_int
+from typing import Any
 
 from .commands import bench, convert, info, pack, partition, synth, tune, verify
 from .commands import train as train_command
-from .options import SAMPLERS
+from .flags import int_at_least, non_negative_int, positive_int
+from .options import OPTIONS, RunOptions, value_at
 from .train import SIDES
-from .train_inputs import FEATURE_MODES
 
 __all__ = ["build_parser", "add_train_arguments", "HelpFormatter"]
 
@@ -27,54 +25,6 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.default is None or action.default is argparse.SUPPRESS or isinstance(action.default, bool):
             return action.help
         return super()._get_help_string(action)
-
-
-def _int_at_least(low):
-    """An argparse type: a whole number ``>= low``."""
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-        try:
-            return check_int("value", value, low=low)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}") from None
-
-    parse.__name__ = f"integer >= {low}"
-    return parse
-
-
-_positive_int = _int_at_least(1)
-_non_negative_int = _int_at_least(0)
-
-
-def _positive_float(text):
-    """An argparse type: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
-
-
-def _lookahead(text):
-    """An argparse type: a whole number >= 1, or auto."""
-    if text == "auto":
-        return text
-    return _positive_int(text)
-
-
-def _size(text):
-    """An argparse type: a byte size (1G, 512M, 0)."""
-    from directload.units import parse_size
-
-    try:
-        return parse_size(text, allow_zero=True)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _memory_limit(text):
@@ -94,86 +44,39 @@ def _default_framework():
     return "dgl" if importlib.util.find_spec("dgl") is not None else "pyg"
 
 
+def _option(p: argparse.ArgumentParser, path: str, **changes: Any) -> None:
+    """Add the flag of option ``path`` (:data:`~directload.harness.options.OPTIONS`) with its option's default
+    (``changes``: argparse's keywords known only now)."""
+    OPTIONS[path].add_to(p, value_at(RunOptions(), path), **changes)
+
+
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
-    """Options shared by ``directload train`` and benchmarks/loader_e2e.py."""
-    p.add_argument("--framework", choices=list(SIDES), default=_default_framework(),
-                   help="DGL (blocks, DGL's DataLoader) or PyG (NeighborLoader, PyG's convolutions); the default "
-                        "is whichever is installed, DGL first")
+    """Options shared by ``directload train`` and benchmarks/loader_e2e.py: the run's options
+    (:data:`~directload.harness.options.OPTIONS`, each with its help and parse) and the command's own."""
+    _option(p, "framework", choices=list(SIDES), default=_default_framework())
     p.add_argument("--dataset", default="synth-small",
                    help="a synthetic preset (synth-tiny, synth-small, synth-medium, synth-large, synth-ooc; generated "
                         "when missing) or an OGB node-property dataset already under --root")
     p.add_argument("--root", default="data", help="directory that holds the datasets")
-    p.add_argument("--epochs", type=_positive_int, default=3,
-                   help="epochs per run; the report leaves the first out when there are more")
+    _option(p, "epochs")
     p.add_argument("--device", default="auto", help="cpu, cuda or cuda:N; auto picks cuda when a GPU is usable")
-    p.add_argument("--layers", type=_positive_int, default=None,
-                   help="GNN layers (default 3, or one per --fanouts entry)")
-    p.add_argument("--fanouts", type=int, nargs="+", default=None,
-                   help="neighbours sampled per layer, one per layer (default 15 10 5, as DGL's examples)")
-    p.add_argument("--hidden", type=_positive_int, default=128, help="hidden units per layer (GAT: over 4 heads)")
-    p.add_argument("--lr", type=_positive_float, default=3e-3, help="Adam learning rate")
-    p.add_argument("--batch-size", type=_positive_int, default=1024, help="seed nodes per mini-batch")
-    p.add_argument("--num-workers", type=_non_negative_int, default=0, help="DGL sampling worker processes")
-    p.add_argument("--threads", type=_positive_int, default=None, help="torch threads (default: torch's choice)")
+    for path in ("layers", "fanouts", "hidden", "lr", "batch_size", "num_workers"):
+        _option(p, path)
+    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--out", default=None,
                    help="directory for the JSON and PNG (default: benchmarks/results in a source checkout, "
                         "else directload-results)")
-    p.add_argument("--features", choices=FEATURE_MODES, default="memory",
-                   help="memory: the memory-mapped feature table; disk: directload's loader reads the dataset's "
-                        "disk store (io_uring, O_DIRECT; written on first use) while the framework's loader reads "
-                        "the memory-mapped .npy; tiered: directload reads through a GPU cache and a host cache "
-                        "(--gpu-cache, --host-cache) in front of that disk store")
-    p.add_argument("--gpu-cache", type=_size, default=0,
-                   help="bytes of the GPU cache with --features tiered, e.g. 512M (a host buffer where CUDA does "
-                        "not run)")
-    p.add_argument("--host-cache", type=_size, default=0,
-                   help="bytes of the host cache with --features tiered, e.g. 1G")
-    p.add_argument("--staging", type=_size, default=None,
-                   help="bytes of the host tier's read-ahead slots with --features tiered (default: a quarter of "
-                        "--host-cache, at least 64M)")
-    p.add_argument("--sampler", choices=SAMPLERS, default="directload",
-                   help="directload's loader samples with directload's sampler (the framework's distribution, "
-                        "uniform without replacement, not its batches; the same on any thread count) or the "
-                        "framework's own (its batches, bit for bit); the framework's loader always uses its own")
-    p.add_argument("--lookahead", type=_lookahead, default=4,
-                   help="batches directload's loader samples (and announces to the stores) ahead, or auto: "
-                        "each epoch's from the last one's stage times")
-    p.add_argument("--policy", default="lookahead", choices=POLICY_NAMES,
-                   help="the caches' policy with --features tiered")
-    p.add_argument("--packed", action="store_true",
-                   help="with --features disk or tiered: read the dataset's packed disk store (hot rows first, "
-                        "written by `directload dataset pack`), and with tiered fill the caches with its hot rows "
-                        "before the first epoch, in long sequential reads")
-    p.add_argument("--eval-batch-size", type=_positive_int, default=4096,
-                   help="seed nodes per evaluation mini-batch (a small host wants fewer: each batch's input rows "
-                        "are gathered at once)")
-    p.add_argument("--eval-nodes", type=_non_negative_int, default=0,
-                   help="evaluate on this many nodes of each split, the same for every run (0: all)")
-    p.add_argument("--nproc", type=_positive_int, default=1,
-                   help="DDP ranks on this node, one process each, started through torchrun's launcher (gloo on "
-                        "the CPU, NCCL with one GPU per rank); each rank trains on its share of the seeds, split as "
-                        "the framework does, and rank 0 writes the report with every rank's epochs.  At most what "
-                        "the node can run, refused before any work: 4 ranks per usable CPU core (on GPUs one per "
-                        "GPU), 512 MiB of available memory per rank, and 256.  Under torchrun leave it out: "
-                        "torchrun's --nproc-per-node starts the ranks")
+    for path in ("features", "store.gpu_bytes", "store.host_bytes", "store.staging_bytes", "sampler", "lookahead",
+                 "store.policy", "store.packed", "eval_batch_size", "eval_nodes", "nproc"):
+        _option(p, path)
     p.add_argument("--memory-limit", type=_memory_limit, default=None,
                    help="cap the training's host memory (its pages and the page cache it fills) with a memory "
                         "cgroup, e.g. 1.5G; needs root.  The feature files' cached pages are dropped first; the "
                         "training runs in a child process inside the cgroup, which is removed when it ends, "
                         "however it ends")
-    p.add_argument("--node-budget", type=_size, default=0,
-                   help="with --features tiered: host memory (host caches and their read-ahead slots) that every "
-                        "directload job on this node running with the same --budget-name shares, e.g. 4G; each "
-                        "job's cache grows and shrinks to its fair share (up to --host-cache, default the table) "
-                        "as jobs come and go")
-    p.add_argument("--node-io-depth", type=_non_negative_int, default=0,
-                   help="with --node-budget: disk reads in flight shared by those jobs (0: each job its own)")
-    p.add_argument("--budget-name", default="directload",
-                   help="the node budget's name: jobs giving the same name share one budget")
-    p.add_argument("--shared-hot", type=_size, default=0,
-                   help="with --packed and --features tiered: bytes of the packed store's hottest rows kept once per "
-                        "node in shared memory for every job of the same --budget-name (taken out of --node-budget "
-                        "first); each job's own cache then holds only the rest")
+    for path in ("store.budget.host_bytes", "store.budget.io_depth", "store.budget.name",
+                 "store.budget.shared_hot_bytes"):
+        _option(p, path)
     _no_progress(p)
 
 
@@ -219,11 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
     _dataset(p, "directory to write the dataset into", "synth-small",
              "dataset name, one plain path component; the presets synth-tiny, synth-small, synth-medium, synth-large "
              "and synth-ooc pick their sizes")
-    p.add_argument("--nodes", type=_positive_int, help="number of nodes (default: the preset's)")
-    p.add_argument("--degree", type=_positive_int, help="average degree, both directions (default: the preset's)")
-    p.add_argument("--feats", type=_positive_int, help="features per node (default: the preset's)")
-    p.add_argument("--classes", type=_int_at_least(2), help="number of classes, at least 2 (default: the preset's)")
-    p.add_argument("--seed", type=_non_negative_int, help="random seed (default: the preset's)")
+    p.add_argument("--nodes", type=positive_int, help="number of nodes (default: the preset's)")
+    p.add_argument("--degree", type=positive_int, help="average degree, both directions (default: the preset's)")
+    p.add_argument("--feats", type=positive_int, help="features per node (default: the preset's)")
+    p.add_argument("--classes", type=int_at_least(2), help="number of classes, at least 2 (default: the preset's)")
+    p.add_argument("--seed", type=non_negative_int, help="random seed (default: the preset's)")
     p.add_argument("--dtype", choices=["float32", "float16"], help="feature type (default: the preset's)")
     p.add_argument("--inline-features", action="store_true",
                    help="store the features inside OGB's data.npz instead of a memory-mappable node-feat.npy")
@@ -253,8 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="whose sampler pre-samples the epochs (default: whichever is installed, DGL first)")
     p.add_argument("--fanouts", type=int, nargs="+", default=None,
                    help="neighbours sampled per layer, as train's --fanouts (default 15 10 5)")
-    p.add_argument("--batch-size", type=_positive_int, default=1024, help="seed nodes per mini-batch, as train's")
-    p.add_argument("--epochs", type=_positive_int, default=3, help="epochs pre-sampled for the profile")
+    p.add_argument("--batch-size", type=positive_int, default=1024, help="seed nodes per mini-batch, as train's")
+    p.add_argument("--epochs", type=positive_int, default=3, help="epochs pre-sampled for the profile")
     _no_progress(p)
     p.set_defaults(func=pack.run)
 
@@ -263,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "features")
     _dataset(p, "directory that holds the dataset", "synth-small",
              "the dataset (a synthetic preset is generated when missing)")
-    p.add_argument("--parts", type=_positive_int, required=True, help="partitions: one per machine")
+    p.add_argument("--parts", type=positive_int, required=True, help="partitions: one per machine")
     p.add_argument("--features", choices=["memory", "disk"], default="memory",
                    help="memory: in DGL's partitions, held by its servers; disk: a directload disk store per "
                         "partition, read by that machine's servers and trainers, never all in memory")
@@ -296,17 +199,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "evaluation comes on top)")
     p.add_argument("--loader", choices=["dgl", "pyg", "directload", "both"], default="both",
                    help="the framework's own loader, directload's, or both interleaved and compared")
-    p.add_argument("--seeds", type=_positive_int, default=1, help="runs per (model, loader), seeds 0..N-1")
-    p.add_argument("--dist", type=_positive_int, default=0, metavar="N",
+    p.add_argument("--seeds", type=positive_int, default=1, help="runs per (model, loader), seeds 0..N-1")
+    p.add_argument("--dist", type=positive_int, default=0, metavar="N",
                    help="train with DistDGL on N machines emulated on this host (root: each machine in its own "
                         "network namespace with its own /dev/shm), one server and one trainer each, on the "
                         "partitions of `directload dataset partition --parts N`; --features memory reads the "
                         "servers' rows (--loader dgl: DGL's own fetch), disk or tiered each machine's disk store "
                         "(tiered: through a --host-cache)")
-    p.add_argument("--partition-features", action="store_true",
-                   help="with --nproc N (or under torchrun): each rank holds 1/N of the feature rows (in memory, on "
-                        "disk, or tiered) and fetches the others from their owners by all-to-all over "
-                        "torch.distributed, as ranks on different machines would")
+    _option(p, "store.partition")
     add_train_arguments(p)
     p.set_defaults(func=train_command.run)
     return parser

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -17,16 +18,19 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from directload.stores import StoreSpec
+
 from . import ddp
-from .options import DEFAULT_FANOUTS, SAMPLERS, check_options, resolve_depth
+from .options import DEFAULT_FANOUTS, FEATURE_MODES, SAMPLERS, RunOptions, check_options, resolve_depth
 from .train_inputs import (
     DISK_FILE,
-    FEATURE_MODES,
     PACKED_FILE,
     TimedTable,
     disk_store,
+    feature_file,
     feature_store,
     memmap_features,
+    run_store,
 )
 
 if TYPE_CHECKING:
@@ -60,8 +64,8 @@ def framework_side(name: str) -> ModuleType:
 
 
 @dataclass
-class TrainConfig:
-    """One training run.
+class TrainConfig(RunOptions):
+    """One training run: its :class:`~directload.harness.options.RunOptions`, checked when made.
 
     The defaults follow DGL's ogbn-products examples (the paper's models):
     GraphSAGE with mean aggregation, 3 layers, fanouts 15/10/5; GAT with 4
@@ -69,46 +73,30 @@ class TrainConfig:
     ``fanouts[i]`` is the fanout of layer ``i`` (DGL's convention: the last
     layer's is the first hop from the seeds); PyG runs sample the same hops.
     ``features="disk"`` gives directload's loader the dataset's disk store
-    (:func:`disk_store`) while the framework's loader reads the memory-mapped
-    ``.npy`` file; ``eval_nodes`` evaluates on that many nodes of each split
-    (the same ones for every run; 0 for all).
+    while the framework's loader reads the memory-mapped ``.npy`` file;
+    ``eval_nodes`` evaluates on that many nodes of each split (the same ones
+    for every run; 0 for all).  ``store`` is the run's
+    :class:`~directload.stores.StoreSpec` over the dataset's features: its
+    caches, policy, packed copy (read, and warmed into the caches), node budget
+    and partitioning; made, it holds the spec checked (sizes in bytes, ``tiers``
+    as the run reads it).  A config read back from a report (``store`` as a
+    dict) is made the same way.
     """
 
-    model: str = "sage"
-    loader: str = "directload"
-    framework: str = "dgl"
-    hidden: int = 128
-    layers: int = 3
-    fanouts: tuple[int, ...] = (15, 10, 5)
-    heads: int = 4
-    dropout: float = 0.5
-    lr: float = 3e-3
-    batch_size: int = 1024
-    eval_batch_size: int = 4096
-    epochs: int = 2
-    seed: int = 0
-    device: str = "cpu"
-    num_workers: int = 0
-    lookahead: int | str = 4  # or "auto"
-    features: str = "memory"
-    eval_nodes: int = 0
-    gpu_cache: int = 0
-    host_cache: int = 0
-    staging: int | None = None
-    policy: str = "lookahead"
-    packed: bool = False  # read the packed copy (dataset pack) and warm the caches with its hot rows
-    nproc: int = 1  # ranks of the DDP job (torchrun's) this process trains in; 1 outside one
-    node_budget: int = 0  # features="tiered": host bytes shared by every loader on the node (0: none)
-    node_io_depth: int = 0  # ... and disk reads in flight shared by them (0: not budgeted)
-    budget_name: str = "directload"  # the node budget's name: jobs with the same name share it
-    shared_hot: int = 0  # packed tiered runs: bytes of the hottest rows held once per node in shared memory
-    partitioned: bool = False  # DDP: each rank holds 1/nproc of the rows, the rest fetched by all-to-all
-    # "directload" (ours: the same distribution) or "framework"; None: ours in directload's loader
-    sampler: str | None = None
-
     def __post_init__(self):
+        if isinstance(self.store, Mapping):  # a report's config, read back
+            self.store = StoreSpec.from_dict(self.store)
         settled = check_options(self, frameworks=tuple(SIDES))  # the rules the command line's flags follow too
         self.layers, self.fanouts, self.sampler = settled["layers"], settled["fanouts"], settled["sampler"]
+        self.store = settled["store"]
+
+    def run_of(self, loader: str, **changes: Any) -> TrainConfig:
+        """This config for a run of ``loader`` (with ``changes``): directload's loader keeps the store and the
+        sampler; a framework's own reads no directload store (its spec at the defaults) and samples with its
+        framework's sampler."""
+        if loader == "directload":
+            return replace(self, loader=loader, **changes)
+        return replace(self, loader=loader, store=StoreSpec(), sampler="framework", **changes)
 
 
 @dataclass
@@ -202,7 +190,7 @@ def pack(dataset: Dataset, cfg: TrainConfig, epochs: int = 3, *, progress: bool 
 
     counts = profile_counts(dataset, cfg, epochs, progress=progress)
     degree = np.bincount(np.asarray(dataset.edge_index[1]), minlength=dataset.num_nodes)
-    src = disk_store(dataset).path
+    src = feature_file(dataset)
     for name in ("run", "packed"):  # the copy is rewritten: close what reads it (the next run opens it afresh)
         store = dataset.stores.get(name)
         if store is not None:
@@ -263,15 +251,13 @@ def train(dataset: Dataset, cfg: TrainConfig, *, progress: bool = True, evaluate
 
         trained = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     opt = torch.optim.Adam(trained.parameters(), lr=cfg.lr)
-    result = RunResult(config=asdict(cfg))
-    loader = fw.make_loader(cfg, dataset, dataset.split["train"], cfg.batch_size, True, ddp=size > 1)
-    store = feature_store(dataset, cfg)
-    share = None
+    result = RunResult(config=cfg.to_dict())
+    handle = run_store(dataset, cfg)  # directload's stack and its share of a node budget, if it reads one
     try:
-        if cfg.node_budget:
-            share = _join_budget(store, cfg, result)
-        _epochs(dataset, cfg, fw, trained, opt, loader, store, result, progress and rank == 0, evaluate_each_epoch,
-                share)
+        if handle is not None and handle.share is not None:
+            _in_budget(handle, result)
+        loader = fw.make_loader(cfg, dataset, dataset.split["train"], cfg.batch_size, True, ddp=size > 1)
+        _epochs(dataset, cfg, fw, trained, opt, loader, handle, result, progress and rank == 0, evaluate_each_epoch)
         result.valid_acc = evaluate(model, cfg, dataset, dataset.split["valid"], fw=fw)
         result.test_acc = evaluate(model, cfg, dataset, dataset.split["test"], fw=fw)
         if size > 1:
@@ -281,10 +267,8 @@ def train(dataset: Dataset, cfg: TrainConfig, *, progress: bool = True, evaluate
             dist.all_gather_object(everyone, [asdict(e) for e in result.epochs])
             result.ranks = everyone
     finally:
-        if share is not None:
-            share.leave()  # before the store closes: the others grow into it at their next look
-        if (cfg.features == "tiered" or cfg.partitioned) and store is not None:
-            store.close()  # the next run starts cold, as this one did (a partitioned one with a new exchange)
+        if handle is not None:  # the share given back, then the stack closed: the next run starts cold, as this
+            handle.close()      # one did (a partitioned one with a new exchange)
     return result
 
 
@@ -292,34 +276,31 @@ def train(dataset: Dataset, cfg: TrainConfig, *, progress: bool = True, evaluate
 POOL_IN_BUDGET = 128 << 20
 
 
-def _join_budget(store, cfg, result):
-    """Join the node's budget with the tiered store: its host cache and disk queue follow the share."""
-    from directload.budget import NodeBudget
+def _in_budget(handle, result):
+    """A run in a node budget: keep few recycled batch buffers (this job's own memory, outside the budget),
+    and record the budget and the share the stack joined with."""
     from directload.kernels.host_pool import default_pool
-    from directload.stores import join_budget
 
-    # the hot rows held once per node come out of the budget first; the jobs' own caches share the rest
-    budget = NodeBudget(cfg.budget_name, host_bytes=cfg.node_budget - cfg.shared_hot, io_depth=cfg.node_io_depth)
-    share = join_budget(store, budget)
-    pool = default_pool()  # recycled batch buffers are this job's own memory, outside the budget: keep few
+    pool = default_pool()
     pool.max_cached_bytes = min(pool.max_cached_bytes, POOL_IN_BUDGET)
-    result.budget = {"name": cfg.budget_name, "node_bytes": cfg.node_budget, "shared_hot_bytes": cfg.shared_hot,
-                     "limits": asdict(budget.limits), "want": asdict(share.want),
+    share, budget = handle.share, handle.spec.budget
+    result.budget = {"name": budget.name, "node_bytes": budget.host_bytes, "shared_hot_bytes": budget.shared_hot_bytes,
+                     "limits": asdict(share.budget.limits), "want": asdict(share.want),
                      "least": asdict(share.least), "joined": asdict(share.current), "epochs": []}
-    return share
 
 
-def _epochs(dataset, cfg, fw, model, opt, loader, store, result, progress, evaluate_each_epoch, share=None):
+def _epochs(dataset, cfg, fw, model, opt, loader, store, result, progress, evaluate_each_epoch):
+    share = store.share if store is not None else None
     for epoch in range(cfg.epochs):
         if ddp.world()[1] > 1 and hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)  # DGL's DDP split reshuffles per epoch only when told the epoch
         TimedTable.seconds = 0.0
         if store is not None:
             store.reset_stats()
-        if epoch == 0 and cfg.packed and cfg.features == "tiered":
+        if epoch == 0 and cfg.store.packed and cfg.store.tiers:
             # G10's eager prefetch: the hot rows stream in while the first epoch runs (its reads go first)
             t0 = time.perf_counter()
-            rows = store.warm(background=True)
+            rows = store.store.warm(background=True)
             result.warm = {"seconds": time.perf_counter() - t0, "rows": rows,
                            "bytes": sum(rows.values()) * store.row_nbytes}
         train_s = wait_s = 0.0
@@ -355,7 +336,7 @@ def _epochs(dataset, cfg, fw, model, opt, loader, store, result, progress, evalu
         stats = EpochStats(epoch, epoch_s, sample_s, gather_s, train_s, wait_s, len(losses), float(np.mean(losses)))
         if cfg.loader == "directload":
             stats.lookahead = it.stats.get("lookahead")  # the L this epoch ran with (lookahead="auto" picks it)
-        if store is not None and cfg.features == "disk" and not cfg.partitioned:
+        if store is not None and cfg.features == "disk" and not cfg.store.partitioned:
             io = store.stats()
             stats.io = {key: io[key] for key in _IO_KEYS}
         elif store is not None:

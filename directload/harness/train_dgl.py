@@ -110,10 +110,11 @@ def make_loader(cfg: RunConfig, dataset: Dataset, ids: torch.Tensor, batch_size:
                 ddp: bool = False) -> DGLDataLoader:
     """DGL's loader over a plain (timed) table, or directload's over the unified one, each with the run's
     sampler (:func:`graph_sampler`); with ``ddp`` this rank's share of ``ids``, split by DGL (``use_ddp=True``)."""
+    feat: torch.Tensor  # the unified table, or the baseline's mapped file below
     graph, feat = dataset.graph, dataset.feat
     sampler = graph_sampler(cfg, prefetch_node_feats=["feat"], prefetch_labels=["label"])
-    kw = dict(device=cfg.device, batch_size=batch_size, shuffle=shuffle, drop_last=False, num_workers=cfg.num_workers,
-              use_ddp=ddp)
+    kw: dict[str, Any] = dict(device=cfg.device, batch_size=batch_size, shuffle=shuffle, drop_last=False,
+                              num_workers=cfg.num_workers, use_ddp=ddp)
     if cfg.loader == "dgl":
         if cfg.features != "memory":  # the baseline out of core: DGL's loader over np.memmap
             feat = memmap_features(dataset)

@@ -24,12 +24,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from directload.stores import FeatureStore
 from directload.unified import host_of
 
 from .train_dgl import SAGE, dgl
 
 if TYPE_CHECKING:
     from directload.loaders.dgl.distributed import DistFeatures
+    from directload.stores import StoreSpec
 
 __all__ = ["settings", "server_main", "trainer_main"]
 
@@ -57,15 +59,6 @@ def server_main(s: dict[str, Any], machine: int) -> None:
     if read_partitions(s["config"])["features"] == "disk":
         serve_features(s["config"], machine)
     dgl.distributed.initialize(s["ip_config"])
-
-
-def _local_store(s, meta, machine):
-    from directload.loaders.dgl.distributed import store_path
-    from directload.stores import TieredStore
-
-    if meta["features"] != "disk" or not s.get("host_bytes"):
-        return None
-    return TieredStore(store_path(s["config"], machine), host_bytes=s["host_bytes"])  # it opens and owns the disk store
 
 
 def _verify(s, ids, rows, blocks, orig):
@@ -100,7 +93,11 @@ def trainer_main(s: dict[str, Any], machine: int) -> None:
     pb = g.get_partition_book()
     train_ids = dgl.distributed.node_split(g.ndata["train_mask"], pb, force_even=True)
     test_ids = dgl.distributed.node_split(g.ndata["test_mask"], pb, force_even=True)
-    store: DistFeatures | _DGLFetch = dist_features(g, s["config"], local=_local_store(s, meta, machine))
+    from directload.stores import StoreSpec
+
+    # this machine's rows through the stack the launcher's spec describes, over its partition's rows
+    local = StoreSpec.from_dict(s["store"]) if s.get("store") else None
+    store: DistFeatures | _DGLFetch = dist_features(g, s["config"], local=local)
     if s.get("fetch") == "dgl":  # the baseline: DGL's own fetch, g.ndata[...][input_nodes], no look-ahead
         if meta["features"] != "memory":
             raise ValueError("DGL's own fetch needs the features in DGL's partitions (partition with features=memory)")
@@ -128,12 +125,20 @@ def trainer_main(s: dict[str, Any], machine: int) -> None:
     result = {"machine": machine, "part": int(pb.partid), "train_nodes": len(train_ids), "test_acc": acc,
               "epochs": epochs, "local_rows": stats["local_rows"], "remote_rows": stats["remote_rows"],
               "remote_s": remote.get("seconds", 0.0), "remote_reads": remote.get("reads", 0),
-              "threads": torch.get_num_threads(),
+              "threads": torch.get_num_threads(), "local": _stack_of(store),
               "features": meta["features"], "verified": bool(orig)}
     (Path(s["run_dir"]) / f"trainer{machine}.json").write_text(json.dumps(result))
     store.close()
     torch.distributed.destroy_process_group()
     dgl.distributed.exit_client()
+
+
+def _stack_of(store):
+    """The stores this machine reads its own rows through, top first, by type."""
+    from directload.stores import walk
+
+    local = store.local if isinstance(store, FeatureStore) else store.counted.local
+    return [type(s).__name__ for s in walk(local)]
 
 
 def _sizes(meta, g):
@@ -149,7 +154,7 @@ class _DGLFetch:
     """DGL's fetch behind the read calls of the loop (for the side-by-side measure), counted as a store is."""
 
     def __init__(self, tensor, counted):
-        self._tensor, self._counted = tensor, counted
+        self._tensor, self.counted = tensor, counted
 
     def read_async(self, ids):
         from directload.stores import ReadFuture
@@ -160,10 +165,10 @@ class _DGLFetch:
         return self._tensor[ids]
 
     def stats(self):
-        return self._counted.stats()
+        return self.counted.stats()
 
     def close(self):
-        self._counted.close()
+        self.counted.close()
 
 
 def _epoch(s, model, opt, loader, store, g, orig):
@@ -221,22 +226,26 @@ if __name__ == "__main__":
 
 def run(config: os.PathLike[str] | str, *, root: os.PathLike[str] | str, dataset: str, epochs: int = 1,
         fanouts: Sequence[int] = (10, 5), batch_size: int = 512, hidden: int = 64, lr: float = 3e-3, seed: int = 0,
-        host_bytes: int = 0, verify: bool = False, fetch: str = "directload",
+        store: StoreSpec | None = None, verify: bool = False, fetch: str = "directload",
         timeout: float = 600.0) -> list[dict[str, Any]]:
     """Train on the partitions at ``config`` with one machine per partition on this host
     (:func:`directload.harness.dist.launch_machines`); the trainers' results, in machine order.  Every machine
-    is handed the generation ``config`` names when the run starts, so none reads another.
-    ``PartitionMismatchError`` before any work for a set that is not one partitioning."""
+    is handed the generation ``config`` names when the run starts, so none reads another.  ``store`` is the
+    stack each machine reads its own rows through (a :class:`~directload.stores.StoreSpec` without a source:
+    :func:`~directload.loaders.dgl.distributed.dist_features` gives it the machine's partition; None: those
+    rows alone).  ``PartitionMismatchError`` before any work for a set that is not one partitioning, and the
+    spec's own refusals."""
     from directload.loaders.dgl.distributed import read_partitions
 
     from .dist import SUBNET, MachineFailed, launch_machines, read_results, run_dir, write_ip_config
 
+    spec = store.check().to_dict() if store is not None else None  # refused before any work; handed on as data
     meta = read_partitions(config)  # checked, before any work; its config is out's generation, resolved
     n = meta["parts"]
     where = run_dir()
     s = {"config": str(meta["config"]), "machines": n, "ip_config": str(write_ip_config(n, 30050, where)),
          "master": f"{SUBNET}.1", "gloo_port": 29500, "timeout": timeout, "seed": seed, "epochs": epochs,
-         "fanouts": list(fanouts), "batch_size": batch_size, "hidden": hidden, "lr": lr, "host_bytes": host_bytes,
+         "fanouts": list(fanouts), "batch_size": batch_size, "hidden": hidden, "lr": lr, "store": spec,
          "verify": verify, "fetch": fetch, "root": str(Path(root).resolve()), "dataset": dataset, "run_dir": str(where)}
     (where / "settings.json").write_text(json.dumps(s))
     try:

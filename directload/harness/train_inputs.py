@@ -11,30 +11,28 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, cast
 
 import numpy as np
 import torch
 
+from .options import FEATURE_MODES, RunOptions
+
 if TYPE_CHECKING:
     from directload.datasets import Dataset
-    from directload.stores import DiskStore, FeatureStore, StoreSpec
+    from directload.stores import DiskStore, FeatureStore, StoreHandle, StoreSpec
 
-    #: A run's configuration: a :class:`~directload.harness.train.TrainConfig` (or, in the options' check, the
-    #: command line's options over its defaults).  train.py is a layer above the modules that read it
-    #: (.importlinter, even for imports made only for the type checker), so they name it as this alias.
-    RunConfig: TypeAlias = Any
+#: A run's configuration: a :class:`~directload.harness.train.TrainConfig`, or, in the options' check, the
+#: command line's options over its defaults: :class:`~directload.harness.options.RunOptions` either way.
+RunConfig: TypeAlias = RunOptions
 
-__all__ = ["TimedTable", "DISK_FILE", "PACKED_FILE", "FEATURE_MODES", "feature_store", "store_spec", "spec_of",
+__all__ = ["TimedTable", "DISK_FILE", "PACKED_FILE", "FEATURE_MODES", "feature_store", "run_store", "store_spec",
            "feature_file", "disk_store", "memmap_features", "TableShape", "table_shape", "batch_rows", "run_memory",
-           "check_memory_limit", "GRAPH_EDGE_BYTES", "GRAPH_NODE_BYTES", "LOADER_BATCHES"]
+           "check_memory_limit", "GRAPH_EDGE_BYTES", "GRAPH_NODE_BYTES", "LOADER_BATCHES", "RunConfig"]
 
 DISK_FILE = "disk/node-feat.npy"
 #: The disk store with its rows renumbered by hotness (``directload dataset pack``), hot rows first.
 PACKED_FILE = "disk/node-feat.packed.npy"
-#: Where directload's loader reads features: the dataset's table, its disk store, or tiers over the disk.
-FEATURE_MODES = ("memory", "disk", "tiered")
 
 
 class TimedTable(torch.Tensor):
@@ -59,46 +57,46 @@ class TimedTable(torch.Tensor):
 
 
 def feature_store(dataset: Dataset, cfg: RunConfig) -> FeatureStore | None:
-    """The store directload's loader reads features from for ``cfg``, or None (the table in memory): the
-    stack :func:`store_spec` describes, opened once per run (kept in ``dataset.stores["run"]`` until it
-    closes), or for ``features="disk"`` the dataset's :func:`disk_store`."""
-    if not cfg.partitioned and (cfg.features == "memory" or cfg.loader != "directload"):
+    """The store directload's loader reads features from for ``cfg``: the stack of :func:`run_store`, or None
+    (the table in memory)."""
+    handle = run_store(dataset, cfg)
+    return None if handle is None else handle.store
+
+
+def run_store(dataset: Dataset, cfg: RunConfig) -> StoreHandle | None:
+    """The run's stack, opened from :func:`store_spec` by :func:`~directload.stores.open_store` (a
+    :class:`~directload.stores.StoreHandle`: it owns the stack and its share of a node budget), once per run:
+    kept in ``dataset.stores["run"]`` until it closes (the run closes it when it ends).  None where
+    directload's loader reads the table in memory, or does not run."""
+    if not cfg.store.partitioned and (cfg.features == "memory" or cfg.loader != "directload"):
         return None
-    if cfg.features == "disk" and not cfg.partitioned:
-        return disk_store(dataset, packed=cfg.packed)
-    store = dataset.stores.get("run")
-    if store is None or store.closed:
+    handle = dataset.stores.get("run")
+    if handle is None or handle.closed or handle.store.closed:
         from directload.stores import open_store
 
-        store = dataset.stores["run"] = open_store(store_spec(dataset, cfg))
-    return store
+        handle = dataset.stores["run"] = open_store(store_spec(dataset, cfg))
+    return handle
 
 
 def store_spec(dataset: Dataset, cfg: RunConfig) -> StoreSpec:
-    """The store a run of ``cfg`` reads, as a :class:`~directload.stores.StoreSpec`: tiers over the dataset's
-    disk store (its packed copy with ``cfg.packed``) with ``cfg``'s cache budgets and policy, the packed
-    store's hottest rows once per node (``cfg.shared_hot``, named by the budget and the dataset), a host cache
-    that grows into a node budget's share (``cfg.node_budget``), or this rank's share of a partitioned table
-    (``cfg.partitioned``: in memory, on disk or through a host cache).  Opens nothing."""
-    if cfg.partitioned and cfg.features == "memory":
-        source: Any = dataset.feat
-    else:
-        source = feature_file(dataset, packed=cfg.packed)
-    device = torch.device(cfg.device)
-    return spec_of(cfg, source, device=device if device.type == "cuda" else None,
-                   shared_key=f"{cfg.budget_name}-{dataset.name}",
-                   gpu_bytes=0 if cfg.partitioned else cfg.gpu_cache)  # a rank's own rows: host tiers only
+    """The store a run of ``cfg`` reads, as a :class:`~directload.stores.StoreSpec`: ``cfg.store`` over the
+    dataset's features (its disk store, the packed copy with ``cfg.store.packed``; the table in memory for a
+    partitioned run with ``features="memory"``), tiered with ``features="tiered"``, its GPU tier on the run's
+    device; the shared hot rows named by the budget and the dataset.  A rank of a partitioned table holds its
+    own rows in host tiers only.  Opens nothing."""
+    return _over(cfg, dataset.feat if cfg.store.partitioned and cfg.features == "memory" else
+                 feature_file(dataset, packed=cfg.store.packed), torch.device(cfg.device), dataset.name)
 
 
-def spec_of(o: RunConfig, source: Any, **fields: Any) -> StoreSpec:
-    """The :class:`~directload.stores.StoreSpec` of a run's options ``o`` over ``source``, ``fields`` given
-    apart: the one map from the options to a spec's fields (the options' check checks it too)."""
-    from directload.stores import StoreSpec
+def _over(cfg: RunConfig, source: Any, device: torch.device, name: str) -> StoreSpec:
+    """``cfg.store`` over ``source``, as a run of ``cfg`` on ``device`` over dataset ``name`` opens it."""
+    from dataclasses import replace
 
-    return StoreSpec(**{"source": source, "tiers": o.features == "tiered", "gpu_bytes": o.gpu_cache,
-                        "host_bytes": o.host_cache, "staging_bytes": o.staging, "policy": o.policy,
-                        "packed": o.packed, "shared_hot_bytes": o.shared_hot, "budget_bytes": o.node_budget,
-                        "partitioned": o.partitioned, **fields})
+    spec = cfg.store
+    spec = replace(spec, source=source, tiers=cfg.features == "tiered",
+                   device=device if device.type == "cuda" else None,
+                   budget=replace(spec.budget, hot_key=f"{spec.budget.name}-{name}"))
+    return replace(spec, gpu_bytes=0) if spec.partitioned else spec  # a rank's own rows: host tiers only
 
 
 def feature_file(dataset: Dataset, packed: bool = False) -> Path:
@@ -116,12 +114,12 @@ def disk_store(dataset: Dataset, packed: bool = False) -> DiskStore:
     """The dataset's features as a :class:`~directload.stores.DiskStore` over its :func:`feature_file`,
     opened once per dataset object (kept in ``dataset.stores``)."""
     name = "packed" if packed else "disk"
-    store = dataset.stores.get(name)
-    if store is None or store.closed:
-        from directload.stores import DiskStore
+    handle = dataset.stores.get(name)
+    if handle is None or handle.closed or handle.store.closed:
+        from directload.stores import StoreSpec, open_store
 
-        store = dataset.stores[name] = DiskStore(feature_file(dataset, packed))
-    return store
+        handle = dataset.stores[name] = open_store(StoreSpec(feature_file(dataset, packed), tiers=False))
+    return cast("DiskStore", handle.store)
 
 
 def memmap_features(dataset: Dataset) -> torch.Tensor:
@@ -211,8 +209,7 @@ def batch_rows(o: RunConfig, num_nodes: int) -> int:
 
     Examples
     --------
-    >>> from types import SimpleNamespace
-    >>> o = SimpleNamespace(batch_size=256, eval_batch_size=512, eval_nodes=1000, fanouts=(10, 5))
+    >>> o = RunOptions(batch_size=256, eval_batch_size=512, eval_nodes=1000, fanouts=(10, 5))
     >>> batch_rows(o, 10 ** 6)  # 512 seeds * (1 + 10 + 10 * 5)
     31232
     """
@@ -240,20 +237,22 @@ def run_memory(o: RunConfig | Mapping[str, Any], shape: TableShape, *, loaders: 
     Examples
     --------
     >>> from directload.harness.train import TrainConfig
-    >>> o = TrainConfig(features="tiered", host_cache=1 << 30, staging=256 << 20, layers=2, fanouts=(10, 5))
+    >>> from directload.stores import StoreSpec
+    >>> o = TrainConfig(features="tiered", store=StoreSpec(host_bytes=1 << 30, staging_bytes=256 << 20), layers=2,
+    ...                 fanouts=(10, 5))
     >>> held = run_memory(o, TableShape(10 ** 6, 10 ** 7, 4096))
     >>> held["stack"]["host cache"] >> 20, held["run"]["graph"] >> 20
     (1280, 396)
     """
-    o = SimpleNamespace(**o) if isinstance(o, Mapping) else o
+    o = RunOptions(**o) if isinstance(o, Mapping) else o
     ranks = max(1, int(o.nproc))
     rows = batch_rows(o, shape.num_nodes)
     run = {"graph": shape.num_edges * GRAPH_EDGE_BYTES + shape.num_nodes * GRAPH_NODE_BYTES,
            "batches": LOADER_BATCHES * rows * shape.row_nbytes}
     stack: dict[str, int] = {}
-    if (o.partitioned or o.features != "memory") and "directload" in loaders:
-        spec = spec_of(o, "features.npy", gpu_bytes=0 if o.partitioned else o.gpu_cache)  # as store_spec's
-        local = -(-shape.num_nodes // ranks) if o.partitioned else shape.num_nodes
+    if (o.store.partitioned or o.features != "memory") and "directload" in loaders:
+        spec = _over(o, "features.npy", torch.device("cpu"), "")  # as store_spec's
+        local = -(-shape.num_nodes // ranks) if o.store.partitioned else shape.num_nodes
         lookahead = o.lookahead if isinstance(o.lookahead, int) else 64  # "auto": up to AutoLookahead's bound
         stack = spec.held_estimate(local, shape.row_nbytes, batch_rows=rows, lookahead=lookahead, cuda=cuda)
     if ranks > 1:

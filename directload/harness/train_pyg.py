@@ -149,9 +149,9 @@ def make_loader(cfg: RunConfig, dataset: Dataset, ids: torch.Tensor, batch_size:
         import torch.distributed as dist
 
         ids = ids.split(ids.size(0) // dist.get_world_size())[dist.get_rank()]
-    feat = dataset.feat
-    kw = dict(num_neighbors=num_neighbors(cfg.fanouts), input_nodes=ids, batch_size=batch_size, shuffle=shuffle,
-              num_workers=cfg.num_workers)
+    feat: torch.Tensor = dataset.feat  # the unified table, or the baseline's mapped file below
+    kw: dict[str, Any] = dict(num_neighbors=num_neighbors(cfg.fanouts), input_nodes=ids, batch_size=batch_size,
+                              shuffle=shuffle, num_workers=cfg.num_workers)
     if cfg.loader == "pyg":
         if cfg.features != "memory":  # the baseline out of core: PyG's loader over np.memmap
             feat = memmap_features(dataset)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, ClassVar, Self
 
 import numpy as np
 import torch
@@ -27,14 +27,25 @@ from directload.unified import ClosedError
 from .futures import ReadFuture
 from .held import on_host, span_bytes
 from .reads import as_index, deliver
-from .records import Staged, Stats
+from .records import Staged, Stats, TieredStats
 
 if TYPE_CHECKING:
+    from .counters import Counters
     from .futures import ReadFuture
     from .reads import Ids
 
 # ReadFuture and deliver live in .futures and .reads; they are importable from here as they were before.
-__all__ = ["FeatureStore", "read_devices", "check_table", "ClosedError", "ReadFuture", "deliver"]
+__all__ = ["FeatureStore", "CAPABILITIES", "read_devices", "check_table", "ClosedError", "ReadFuture", "deliver"]
+
+#: What a store may declare it can do beyond reading (:attr:`FeatureStore.capabilities`):
+#:
+#: * ``"stage"``: it may sit under a cache (:meth:`FeatureStore.stage` serves a cache's misses); every store
+#:   but a collective one (a :class:`~directload.stores.RowExchange`, whose reads every rank must make
+#:   together, and a store over one) declares it;
+#: * ``"warm"``: :meth:`FeatureStore.warm` fills its caches with rows (a cache, a tiered store);
+#: * ``"resize"``: it has a ``resize`` method that changes its caches' capacity while reads go on (a cache:
+#:   ``resize(capacity_bytes)``; a tiered store: ``resize(host_bytes=, gpu_bytes=)``).
+CAPABILITIES = ("stage", "warm", "resize")
 
 
 def check_table(what: str, table: object) -> None:
@@ -52,7 +63,14 @@ _live: weakref.WeakSet[FeatureStore] = weakref.WeakSet()  # every store, for the
 
 def _after_fork_in_child():
     for store in list(_live):
-        store._after_fork()
+        try:
+            if store._counts is not None:
+                store._counts.after_fork()  # a parent's thread may have held its lock at the fork
+            store._after_fork()
+        except Exception:  # noqa: BLE001 - each store on its own: one that fails must not leave the others stale
+            # (a store half made when its constructor raised has no fields to reset).  Closed here, the
+            # child's use of it raises ClosedError, where a lock its parent's thread held would hang it.
+            store._closed = True
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -104,6 +122,24 @@ class FeatureStore:
 
     #: The name :meth:`stats` reports this store's counters under.
     tier = "store"
+
+    #: The record type of this store's own counters in :meth:`stats` (a cache's is a
+    #: :class:`~directload.stores.records.CacheStats`).
+    record_type: ClassVar[type[Stats]] = Stats
+
+    #: What this store can do beyond reading, declared (never probed): names of :data:`CAPABILITIES`.  A
+    #: store of its own rows declares ``"stage"``; a cache ``"stage"``, ``"warm"`` and ``"resize"``; a store
+    #: over others what it and they support (a property there).  :meth:`check_capability` asks it.
+    if TYPE_CHECKING:  # read-only to its users; subclasses override it with a property or a class attribute
+        @property
+        def capabilities(self) -> frozenset[str]: ...
+    else:
+        capabilities = frozenset({"stage"})
+
+    #: This store's counters (a :class:`~directload.stores.counters.Counters`), where it counts anything: the
+    #: default :meth:`_counters` reads them, :meth:`reset_stats` zeroes them, a forked child gets them a
+    #: fresh lock.
+    _counts: Counters | None = None
 
     def __init__(self) -> None:
         self._closed = False
@@ -171,9 +207,11 @@ class FeatureStore:
 
         Any store that implements :meth:`_stage` (or only :meth:`_read_async`: the default stages through
         a read) can sit under a :class:`~directload.stores.HostCache` or
-        :class:`~directload.stores.DeviceCache`.
+        :class:`~directload.stores.DeviceCache`.  A store that does not declare ``"stage"`` in
+        :attr:`capabilities` (its reads are collective) raises ``TypeError``, before any work.
         """
         self.check_open()
+        self.check_capability("stage")
         index = as_index(ids)
         self._check_bounds(index)
         rows = index.cpu().numpy().astype(np.int64, copy=False)
@@ -209,6 +247,47 @@ class FeatureStore:
         cache with them."""
         return None
 
+    def warm(self, ids: Ids | None = None, *, background: bool = False,
+             progress: bool = False) -> int | dict[str, int]:
+        """Fill this store's caches with the rows ``ids`` (most wanted first; None: :meth:`hot_ids`), where it
+        declares ``"warm"`` in :attr:`capabilities` (a cache: the rows admitted; a tiered store: per tier).
+        Any other store raises ``TypeError``: it has no cache to warm.
+
+        Examples
+        --------
+        >>> from directload.stores import TensorStore
+        >>> TensorStore(torch.zeros(4, 2)).warm([1])
+        Traceback (most recent call last):
+        ...
+        TypeError: TensorStore(shape=(4, 2), dtype=torch.float32) has no cache to warm (it does not declare 'warm')
+        """
+        self.check_capability("warm")
+        raise NotImplementedError(f"{type(self).__name__} declares 'warm' but does not implement warm()")
+
+    def check_capability(self, name: str) -> None:
+        """Raise ``TypeError`` where this store does not declare ``name`` (one of :data:`CAPABILITIES`) in
+        :attr:`capabilities`; ``ValueError`` for a name that is none of them.
+
+        Examples
+        --------
+        >>> from directload.stores import HostCache, TensorStore
+        >>> store = TensorStore(torch.zeros(4, 2))
+        >>> sorted(store.capabilities), sorted(HostCache(store, 16).capabilities)
+        (['stage'], ['resize', 'stage', 'warm'])
+        >>> store.check_capability("stage")
+        >>> store.check_capability("resize")
+        Traceback (most recent call last):
+        ...
+        TypeError: TensorStore(shape=(4, 2), dtype=torch.float32) has no cache to resize (it does not declare 'resize')
+        """
+        if name not in CAPABILITIES:
+            raise ValueError(f"no capability {name!r}: one of {', '.join(CAPABILITIES)}")
+        if name not in self.capabilities:
+            what = {"stage": "cannot sit under a cache (its reads are collective, every rank reading at every "
+                             "step: put the cache under the store it reads its own rows from)",
+                    "warm": "has no cache to warm", "resize": "has no cache to resize"}[name]
+            raise TypeError(f"{self!r} {what} (it does not declare {name!r})")
+
     def _warm_ids(self, ids):
         """``ids``, or where None the store's :meth:`hot_ids`; ``ValueError`` where it knows none."""
         if ids is None:
@@ -235,22 +314,46 @@ class FeatureStore:
 
     # ------------------------------------------------------------- counters
     def stats(self) -> Stats:
-        """This store's counters since it opened (or :meth:`reset_stats`): a
-        :class:`~directload.stores.records.Stats` mapping (a :class:`~directload.stores.records.CacheStats`
-        for a cache, a :class:`~directload.stores.records.TieredStats` of every tier for a tiered store).
-        A store that counts nothing gives an empty record."""
-        return Stats(self.tier, self._counters())
+        """This store's counters and those of every store under it, since they opened (or
+        :meth:`reset_stats`), composed one way for every store:
+
+        * a store of its own rows (no :meth:`children`) gives its own record, a
+          :class:`~directload.stores.records.Stats` of :attr:`tier` (an empty one where it counts nothing);
+        * a store in front of others gives a :class:`~directload.stores.records.TieredStats`: its own
+          record first where it counts anything (a cache's is a
+          :class:`~directload.stores.records.CacheStats`), then each child's tiers, top first, each tier
+          name once (the nearest the top), as ``{tier name: record}``.
+
+        Examples
+        --------
+        >>> from directload.stores import HostCache, TensorStore
+        >>> cache = HostCache(TensorStore(torch.zeros(4, 2)), 16)
+        >>> _ = cache.read([1, 1]); s = cache.stats()
+        >>> list(s), s["host"]["rows"], TensorStore(torch.zeros(4, 2)).stats().tier
+        (['host', 'tensor'], 2, 'tensor')
+        """
+        own = self.record_type(self.tier, self._counters())
+        children = self.children()
+        if not children:
+            return own
+        below = (t for child in children for t in child.stats().tiers)
+        return TieredStats([*([own] if len(own) else []), *below])
 
     def reset_stats(self) -> None:
-        """Start every counter of this store (and of the tiers behind it) from zero."""
+        """Start every counter of this store and of every store under it from zero."""
         self._reset_counters()
+        for child in self.children():
+            child.reset_stats()
 
     def _counters(self):
-        """The counters, a dict; the default counts nothing."""
-        return {}
+        """This store's own counters, a dict: its :class:`~directload.stores.counters.Counters` now (none by
+        default); a store adds what follows from them (rates, settings)."""
+        return {} if self._counts is None else self._counts.snapshot()
 
     def _reset_counters(self):
-        """Zero the counters; the default has none."""
+        """Zero this store's own counters."""
+        if self._counts is not None:
+            self._counts.reset()
 
     # -------------------------------------------------------------- lifetime
     @property

@@ -21,31 +21,32 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from directload.errors import DirectloadError
 from directload.kernels.devices import memory_of
 from directload.kernels.operands import row_words
 from directload.kernels.tiered import fill_slots, flat_where, gather_tiered
 from directload.units import check_bytes
 
 from . import warming as _warming_rounds
+from .base import FeatureStore
 from .cache_counters import CacheCounters
 from .held import ReadBuffer, Workspace
 from .policies import POLICY_NAMES, make_policy
 from .readahead import Worker
 from .readers import ReaderPool
 from .reads import as_index, deliver
-from .records import Staged
+from .records import CacheStats, Staged
 from .slot_memory import DeviceSlots, HostSlots, SlotMemory
 from .slotcache import SlotCache
 from .warming import WARM_BYTES, Warming, distinct_prefix
 from .wrapper import WrapperStore
 
 if TYPE_CHECKING:
-    from .base import FeatureStore
     from .policies import PolicySpec
     from .reads import Ids
-    from .records import CacheStats
 
-__all__ = ["CachedStore", "HostCache", "DeviceCache", "Cache", "make_policy", "POLICY_NAMES"]  # the last 3: old names
+__all__ = ["CachedStore", "HostCache", "DeviceCache", "WarmingBusyError",
+           "Cache", "make_policy", "POLICY_NAMES"]  # the last 3: old names
 
 # The read-ahead reads at most this much between checks for demand.  Measured on synth-ooc's first epoch:
 # 4 MiB chunks read 40% fewer rows ahead than 16 MiB (more per-chunk overhead, so demand reads caught up);
@@ -54,7 +55,18 @@ _CHUNK_BYTES = 16 << 20
 _POOLED = 4  # demand buffers kept for reuse (one per reader in flight; more readers allocate their own)
 
 
-class CachedStore(WrapperStore):
+
+class WarmingBusyError(DirectloadError, RuntimeError):
+    """:meth:`CachedStore.warm` was called while the cache is still warming from an earlier call: one warm at
+    a time (``wait()`` on the earlier one first).
+
+    Examples
+    --------
+    >>> issubclass(WarmingBusyError, RuntimeError)
+    True
+    """
+
+class CachedStore(WrapperStore[FeatureStore]):
     """A cache in front of ``fallback``, its slots in ``slot_memory``; see the module's docstring.  Use
     :class:`HostCache` or :class:`DeviceCache`.
 
@@ -65,7 +77,8 @@ class CachedStore(WrapperStore):
     Parameters
     ----------
     fallback : FeatureStore
-        The slower store.  Its rows must not change while the cache is open.
+        The slower store, one that declares ``"stage"`` (any but a collective one: ``TypeError``).  Its rows
+        must not change while the cache is open.
     capacity_bytes : int
         Bytes of cached rows (``capacity_bytes // row_nbytes`` rows, at most the table).
     policy : str, Policy or callable
@@ -89,11 +102,15 @@ class CachedStore(WrapperStore):
     """
 
     tier = "cache"
+    record_type = CacheStats
+    capabilities = frozenset({"stage", "warm", "resize"})  # of directload.stores.base.CAPABILITIES
+    _counts: CacheCounters
 
     def __init__(self, fallback: FeatureStore, capacity_bytes: int | str, policy: PolicySpec = "lookahead", *,
                  staging_bytes: int | str = 0, room_bytes: int | str | None = None,
                  slot_memory: SlotMemory | None = None) -> None:
         super().__init__(fallback, name="fallback")
+        fallback.check_capability("stage")  # a collective store under a cache: each rank would read its own misses
         capacity_bytes = check_bytes("capacity_bytes", capacity_bytes)
         staging_bytes = check_bytes("staging_bytes", staging_bytes)
         room_bytes = capacity_bytes if room_bytes is None else check_bytes("room_bytes", room_bytes)
@@ -183,7 +200,6 @@ class CachedStore(WrapperStore):
     def _after_fork(self):
         """A forked child keeps the cached rows and nothing else; its threads start at its first use."""
         self.slots.after_fork()
-        self._counts.after_fork()
         self._no_threads()
 
     def resize(self, capacity_bytes: int | str) -> int:
@@ -249,7 +265,8 @@ class CachedStore(WrapperStore):
         ids = distinct_prefix(index.cpu().numpy().astype(np.int64, copy=False), self.capacity_rows, self.slots.absent)
         with self._start_lock:
             if self._warming is not None:
-                raise RuntimeError(f"the {self.tier} cache is warming already: one warm at a time")
+                raise WarmingBusyError(f"the {self.tier} cache is warming already: one warm at a time; wait for "
+                                       "it first")
             rows = self.slots.plan_warm(ids)
             self._warm_take = take = ReadBuffer()  # its own, freed when it ends
             self._warming = Warming(rows, round_rows=_warming_rounds.WARM_BYTES // max(self.row_nbytes, 1),
@@ -280,7 +297,7 @@ class CachedStore(WrapperStore):
         return self._readers.submit(lambda: self._read(ids, out, run_device, out_device), check=self.check_open)
 
     def _read(self, ids, out, run_device, out_device):
-        """query -> stage misses -> fused gather -> admit."""
+        """query -> stage misses -> fused gather -> admit -> fill the admitted slots -> finish."""
         t0 = time.perf_counter()
         uniq, inv = np.unique(ids, return_inverse=True)
         inv = inv.reshape(-1)
@@ -294,18 +311,33 @@ class CachedStore(WrapperStore):
         except BaseException:
             self.slots.abandon(q)
             raise
+        placed = None
         try:
-            self.slots.admit(q, staged, self._rows)
-        finally:
-            for device in {run_device, self._rows.device}:  # one sync: the gather and the copies are done with
-                if device.type == "cuda":                   # the slots and the staging, reused from now on
-                    torch.cuda.current_stream(device).synchronize()
+            placed = self.slots.admit(q)  # bookkeeping only: the copy into the slots runs unlocked
+            self._fill_slots(placed.slots, staged, placed.at, run_device)
+        except BaseException:
+            if placed is not None:
+                self.slots.free(placed.rows, placed.slots)
             self.slots.finish(q)
+            raise
+        self.slots.finish(q, placed)  # the gather and the copy are done: slots settled, unpinned
         self._takes.give(take)
         self._counts.add_read(q, inv.shape[0], self.row_nbytes, self.capacity_rows)
         self._counts.add(fallback_s=fallback_s, pcie_lines=self.slot_memory.pcie_lines(staged, q.miss, inv),
                            read_s=time.perf_counter() - t0)
         return deliver(result, out, out_device)
+
+    def _fill_slots(self, slots, staged, at, run_device=None):
+        """The one copy into slots, outside the slot cache's lock: staged rows ``at`` (positions in ``staged``)
+        into ``slots``, then one sync of the slots' GPU and ``run_device`` (a read's gather), after which
+        the staging is free for reuse and the slots may be settled."""
+        if slots.size:
+            fill_slots(self._rows, slots, staged.flat, staged.offsets[at])
+        slots_on = self._rows.device
+        if slots_on.type == "cuda":
+            torch.cuda.current_stream(slots_on).synchronize()
+        if run_device is not None and run_device.type == "cuda" and run_device != slots_on:
+            torch.cuda.current_stream(run_device).synchronize()
 
     def _stage_misses(self, rows, run_device, take):
         """The fallback's ``rows`` staged by the tier contract (mapped for a GPU gather), in the slots' words."""
@@ -349,12 +381,10 @@ class CachedStore(WrapperStore):
 
     def _fill(self, rows, slots, take):
         """Read the fallback's ``rows`` into the claimed ``slots`` through the buffer ``take`` gives, in one
-        copy, staging -> slots; a failure gives the slots back and raises."""
+        copy, staging -> slots (:meth:`_fill_slots`); a failure gives the slots back and raises."""
         try:
             staged = self._stage_misses(rows, self._rows.device, take)  # mapped for a GPU's slots
-            fill_slots(self._rows, slots, staged.flat, staged.offsets)
-            if self._rows.is_cuda:
-                torch.cuda.current_stream(self._rows.device).synchronize()
+            self._fill_slots(slots, staged, np.arange(rows.shape[0]))
         except BaseException:
             self.slots.free(rows, slots)
             raise
@@ -364,14 +394,12 @@ class CachedStore(WrapperStore):
         exc.add_note(f"(raised on the {self.tier} cache's {source}; the cache stays failed: close it)")
         self.slots.fail(exc)
 
-    def stats(self) -> CacheStats:
-        """Counters since open (or :meth:`reset_stats`), for this tier: a
-        :class:`~directload.stores.records.CacheStats`, which says what each means."""
-        return self._counts.stats(self.tier, capacity_rows=self.capacity_rows, staging_rows=self.staging_rows,
-                                    policy=self.policy.name, row_nbytes=self.row_nbytes, **self.slots.counts())
-
-    def _reset_counters(self):
-        self._counts.reset()
+    def _counters(self):
+        """This tier's counters, the record of :meth:`stats` (a :class:`~directload.stores.records.CacheStats`,
+        which says what each means)."""
+        return {**self._counts.report(capacity_rows=self.capacity_rows, staging_rows=self.staging_rows,
+                                      policy=self.policy.name, row_nbytes=self.row_nbytes, **self.slots.counts()),
+                "tier": self.tier}
 
     def _close(self):
         self.slots.close()
@@ -400,7 +428,7 @@ class HostCache(CachedStore):
     >>> cache = HostCache(TensorStore(table), capacity_bytes=5 * 8, policy="lru")
     >>> torch.equal(cache.read([3, 7, 3]), table[[3, 7, 3]])
     True
-    >>> cache.stats()["miss_rows"], cache.read([3]).tolist(), cache.stats()["hit_rows"]
+    >>> cache.stats()["host"]["miss_rows"], cache.read([3]).tolist(), cache.stats()["host"]["hit_rows"]
     (2, [[6.0, 7.0]], 1)
     """
 
@@ -422,7 +450,7 @@ class DeviceCache(CachedStore):
     >>> from directload.stores import TensorStore
     >>> table = torch.arange(40.0).view(20, 2)
     >>> cache = DeviceCache(TensorStore(table), capacity_bytes=4 * 8, device="cpu")
-    >>> torch.equal(cache.read([5, 1]), table[[5, 1]]), cache.stats()["pcie_lines"] > 0
+    >>> torch.equal(cache.read([5, 1]), table[[5, 1]]), cache.stats()["device"]["pcie_lines"] > 0
     (True, True)
     """
 

@@ -1,5 +1,5 @@
 """A cache's counters: what its reads, read-ahead and warming did, kept under a lock of their own and
-reported as a :class:`~directload.stores.records.CacheStats`."""
+reported in a :class:`~directload.stores.records.CacheStats`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 from directload.kernels.indexing import LINE
 
 from .counters import Counters
-from .records import CacheStats
 
 if TYPE_CHECKING:
     from .records import Query
@@ -27,8 +26,7 @@ class CacheCounters(Counters):
     --------
     >>> c = CacheCounters()
     >>> c.add(hit_rows=3, miss_rows=1)
-    >>> s = c.stats("host", capacity_rows=8, staging_rows=0, policy="lru", row_nbytes=16,
-    ...             cached_rows=4, staged_now=0)
+    >>> s = c.report(capacity_rows=8, staging_rows=0, policy="lru", row_nbytes=16, cached_rows=4, staged_now=0)
     >>> s["hit_rate"], s["fallback_bytes"]
     (0.75, 0)
     """
@@ -48,12 +46,13 @@ class CacheCounters(Counters):
                  batches_over_capacity=int(q.uniq.shape[0] > capacity_rows), forwarded_rows=q.forwarded,
                  wait_s=q.wait_s, policy_s=q.policy_s)
 
-    def stats(self, tier: str, *, capacity_rows: int, staging_rows: int, policy: str, row_nbytes: int,
-              cached_rows: int, staged_now: int) -> CacheStats:
-        """The record of a cache of ``tier`` now, with the rates and byte counts that follow from the counts."""
+    def report(self, *, capacity_rows: int, staging_rows: int, policy: str, row_nbytes: int, cached_rows: int,
+               staged_now: int) -> dict[str, Any]:
+        """The counts of a cache of these settings now, with the rates and byte counts that follow from them
+        (what :class:`~directload.stores.records.CacheStats` says each means)."""
         s: dict[str, Any] = dict(self.snapshot())
         distinct = s["hit_rows"] + s["staged_rows"] + s["miss_rows"]
-        s.update(cached_rows=cached_rows, staged_now=staged_now, tier=tier, capacity_rows=capacity_rows,
+        s.update(cached_rows=cached_rows, staged_now=staged_now, capacity_rows=capacity_rows,
                  staging_rows=staging_rows, policy=policy, row_nbytes=row_nbytes,
                  hit_rate=s["hit_rows"] / distinct if distinct else 0.0,
                  slot_rate=(s["hit_rows"] + s["staged_rows"]) / distinct if distinct else 0.0,
@@ -61,4 +60,4 @@ class CacheCounters(Counters):
                  fallback_bytes=s["demand_bytes"] + s["prefetch_bytes"],
                  pcie_bytes=s["pcie_lines"] * LINE,
                  passthrough=capacity_rows == 0 or s["batches_over_capacity"] > 0)
-        return CacheStats(tier, s)
+        return s

@@ -1,15 +1,18 @@
-"""``Counters``: a store's named counters, kept under a lock of their own (a cache's and a disk store's)."""
+"""``Counters``: a store's named counters, kept under a lock of their own; every store counts through one."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 __all__ = ["Counters"]
 
 
 class Counters:
     """The counters ``names``, each from zero, added to from any thread.
+
+    ``names`` is an iterable of names (each counts from ``0``) or a mapping of name -> its zero (``0.0`` for
+    a counter of seconds, so that it reads as a float before anything is added and after a reset).
 
     Examples
     --------
@@ -18,11 +21,15 @@ class Counters:
     {'reads': 1, 'rows': 7}
     >>> c.reset(); c.snapshot()
     {'reads': 0, 'rows': 0}
+    >>> Counters({"reads": 0, "seconds": 0.0}).snapshot()
+    {'reads': 0, 'seconds': 0.0}
     """
 
-    def __init__(self, names: Iterable[str]) -> None:
+    def __init__(self, names: Iterable[str] | Mapping[str, float]) -> None:
         self._lock = threading.Lock()
-        self._counts: dict[str, float] = dict.fromkeys(names, 0)
+        zeros = dict(names) if isinstance(names, Mapping) else dict.fromkeys(names, 0)
+        self._zeros: dict[str, float] = zeros
+        self._counts: dict[str, float] = dict(zeros)
 
     def add(self, **counts: float) -> None:
         """Add to the named counters."""
@@ -38,8 +45,7 @@ class Counters:
     def reset(self) -> None:
         """Every counter back to zero."""
         with self._lock:
-            for key in self._counts:
-                self._counts[key] = 0
+            self._counts = dict(self._zeros)
 
     def after_fork(self) -> None:
         """In a forked child: a fresh lock (a parent's thread may have held it at the fork), the counts kept."""

@@ -122,6 +122,7 @@ class DiskStore(FeatureStore):
     """
 
     tier = "disk"
+    _counts: DiskCounters
 
     def __init__(self, path: os.PathLike[str] | str, *, dtype: torch.dtype | None = None,
                  shape: Sequence[int] | None = None, offset: int = 0, queue_depth: int = 64, rings: int = 1,
@@ -137,6 +138,7 @@ class DiskStore(FeatureStore):
         self._submit_lock = threading.Lock()  # a read is submitted, or the store closed, never both at once
         self._counts = DiskCounters()
         self._pid: int | None = None
+        self._collected = False  # closed by the collector (__del__): its worker is not joined
         self._io_limit = queue_depth
         self._staging = ReadBuffer(limit=staging_bytes)  # grown to what a round needs, at most staging_bytes
         # the layout (a store's current generation) and that very file, opened with O_DIRECT where it can be
@@ -190,7 +192,6 @@ class DiskStore(FeatureStore):
         # The parent's read thread and rings did not come along, and a lock its threads held at the
         # fork would stay held here: fresh locks now, a fresh engine at the first read.
         self._submit_lock = threading.Lock()
-        self._counts.after_fork()
         self._staging = ReadBuffer(limit=self._options["staging_bytes"])
 
     def _this_process(self):
@@ -374,9 +375,6 @@ class DiskStore(FeatureStore):
                                    queue_depth=o["queue_depth"], io_depth=self._io_limit, rings=o["rings"],
                                    submit_batch=o["submit_batch"])
 
-    def _reset_counters(self):
-        self._counts.reset()
-
     # ------------------------------------------------------------- lifetime
     def _close(self):
         with self._submit_lock:  # a submit in progress ends first; later ones see the store closed
@@ -386,7 +384,7 @@ class DiskStore(FeatureStore):
                 # Reads in flight finish first; a store dropped by its own last read closes on the worker,
                 # which cannot wait for itself (it is finishing that read).
                 on_worker = threading.current_thread() in getattr(self._worker, "_threads", ())
-                self._worker.shutdown(wait=not on_worker)
+                self._worker.shutdown(wait=not (on_worker or self._collected))
                 self._engine.close()
         finally:
             os.close(self._fd)
@@ -394,6 +392,9 @@ class DiskStore(FeatureStore):
 
     def __del__(self):
         if not getattr(self, "_closed", True) and getattr(self, "_pid", None) == os.getpid():
+            # Collected: no read in flight refers to it, so its worker is told to end, not joined.  A collection
+            # can run inside threading's own bookkeeping (a thread starting), where a join deadlocks.
+            self._collected = True
             try:
                 self.close()
             except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to report to

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from directload.buffers import aligned
+from directload.errors import DirectloadWarning
 from directload.files import CorruptFileError
 from directload.units import check_int
 
@@ -36,7 +37,7 @@ MAX_BLOCK = 1 << 16  #: The largest O_DIRECT read granularity probed (64 KiB).
 MAX_READ = 1 << 30  #: The most bytes one read may ask for (its length is a 32-bit count).
 
 
-class DirectIOWarning(UserWarning):
+class DirectIOWarning(DirectloadWarning):
     """The file system refuses O_DIRECT (tmpfs, ``/dev/shm``): reads go through the page cache.
 
     Examples

@@ -24,6 +24,8 @@ from directload.errors import DirectloadError
 from directload.kernels import gather
 from directload.kernels.devices import HOST
 
+from .base import FeatureStore
+from .counters import Counters
 from .exchange_check import describe_table, disagreement
 from .futures import ReadFuture
 from .partitioned import check_bounds, owners, partition_bounds
@@ -33,15 +35,13 @@ from .wrapper import WrapperStore
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-    from .base import FeatureStore
-
 # partition_bounds lives in .partitioned; it is importable from here as it was before.
 __all__ = ["RowExchange", "ExchangeError", "partition_bounds"]
 
 # in a forked child: the parent's groups, never destroyed here (see RowExchange._after_fork)
 _stranded: list[dist.ProcessGroup | None] = []
-_COUNTERS = ("rounds", "rows_asked", "rows_received", "duplicates_saved", "local_rows", "rows_sent",
-             "bytes_sent", "bytes_received", "seconds")
+_COUNTERS = {**dict.fromkeys(("rounds", "rows_asked", "rows_received", "duplicates_saved", "local_rows",
+                               "rows_sent", "bytes_sent", "bytes_received"), 0), "seconds": 0.0}
 
 
 class ExchangeError(DirectloadError, RuntimeError):
@@ -69,7 +69,7 @@ def _first_line(exc):
     return lines[0] if lines else type(exc).__name__
 
 
-class RowExchange(WrapperStore):
+class RowExchange(WrapperStore[FeatureStore]):
     """The whole table, as seen from one rank: its own rows from ``local``, every other row from its owner.
 
     Reads are collective: every rank of the group must make the same number of reads, in the same order
@@ -125,7 +125,8 @@ class RowExchange(WrapperStore):
       forked child (a DataLoader worker) every read raises :class:`ExchangeError`: the group stays with
       the parent.
     * **No cache in front.**  A cache reads only its misses, a different number on each rank: put caches
-      under ``local``, never over this store.
+      under ``local``, never over this store.  It declares no capability (:attr:`capabilities`): a cache
+      over it, or over a store over it, is refused with ``TypeError``, and so is :meth:`stage`.
 
     Examples
     --------
@@ -147,7 +148,7 @@ class RowExchange(WrapperStore):
                  timeout: float | timedelta = 60.0, own: bool = False) -> None:
         super().__init__(local, own=own, name="local")
         if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError("torch.distributed is not initialised: call torch.distributed.init_process_group "
+            raise ExchangeError("torch.distributed is not initialised: call torch.distributed.init_process_group "
                                "on every rank before making a RowExchange")
         seconds = _seconds(timeout)
         bounds = check_bounds(bounds)
@@ -177,13 +178,18 @@ class RowExchange(WrapperStore):
         # tensors a moment after wait() returns, and a tensor whose last reference they drop needs the GIL,
         # which close() holds while torch joins those threads (a deadlock seen with torch 2.2).
         self._in_flight: deque[tuple[torch.Tensor, torch.Tensor]] = deque(maxlen=9)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # numbers and queues rounds
         self._rounds = 0  # rounds started, numbered in the errors
         self._error: ExchangeError | None = None
         self._agreed = False  # the ranks found to hold the same table (the first round's check step)
-        self._stats: dict[str, float] = dict.fromkeys(_COUNTERS, 0)
+        self._counts = Counters(_COUNTERS)
 
     local = property(lambda self: self.inner, doc="This rank's rows, in id order from ``bounds[rank]``.")
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """None: its reads are collective (every rank reads at every step), so no cache may sit over it."""
+        return frozenset()
 
     @property
     def num_rows(self) -> int:
@@ -202,6 +208,7 @@ class RowExchange(WrapperStore):
         self._check_usable()
         ids = index.cpu().numpy().astype(np.int64, copy=False)
         with self._lock:  # numbered and queued together: rounds run in the order reads started
+            self.check_open()  # closed since read_async's check (by another thread): ClosedError, never a shut queue
             self._rounds += 1
             future = self._worker.submit(self._round, ids, self._rounds)
         return ReadFuture(lambda: deliver(future.result(), out, out_device), done=future.done)
@@ -272,17 +279,10 @@ class RowExchange(WrapperStore):
         ``received`` rows from peers and ``sent`` to them (with the counts and ids steps where rows moved)."""
         world, rnb = self.world_size, self.row_nbytes
         steps = 8 * (world - 1) if rnb else 0
-        with self._lock:
-            s = self._stats
-            s["rounds"] += 1
-            s["rows_asked"] += ids.size - int(((ids >= self._start) & (ids < self._end)).sum())
-            s["rows_received"] += received
-            s["duplicates_saved"] += ids.size - distinct
-            s["local_rows"] += local
-            s["rows_sent"] += sent
-            s["bytes_sent"] += steps + 8 * received + rnb * sent
-            s["bytes_received"] += steps + 8 * sent + rnb * received
-            s["seconds"] += time.perf_counter() - t0
+        self._counts.add(rounds=1, rows_asked=ids.size - int(((ids >= self._start) & (ids < self._end)).sum()),
+                         rows_received=received, duplicates_saved=ids.size - distinct, local_rows=local,
+                         rows_sent=sent, bytes_sent=steps + 8 * received + rnb * sent,
+                         bytes_received=steps + 8 * sent + rnb * received, seconds=time.perf_counter() - t0)
 
     def _serve(self, asked):
         """The rows peers asked this rank for (global ids), as bytes ``[len, row_nbytes]``."""
@@ -306,9 +306,6 @@ class RowExchange(WrapperStore):
                                 f"before this round (timeout {self.timeout:g} s)") from exc
         return recv.cpu()
 
-    def _stage(self, rows, into, mapped):
-        return self._copy_stage(rows, into)  # ids are the whole table's, not the local store's
-
     def hot_ids(self) -> None:
         return None  # the local store's hot ids are in its own numbering
 
@@ -324,17 +321,13 @@ class RowExchange(WrapperStore):
         distinct, ``duplicates_saved``, ``local_rows`` of this rank's own range read directly; ``rows_sent``
         to peers; ``bytes_sent``/``bytes_received`` to/from peers, rows, ids and counts; ``seconds`` in
         rounds (the local store's tiers follow in :meth:`stats`)."""
-        with self._lock:
-            return {**self._stats, "rank": self.rank, "world_size": self.world_size}
-
-    def _reset_counters(self):
-        with self._lock:
-            self._stats = dict.fromkeys(_COUNTERS, 0)
-        super()._reset_counters()
+        return {**self._counts.snapshot(), "rank": self.rank, "world_size": self.world_size}
 
     # -------------------------------------------------------------- lifetime
     def _close(self):
         if self._worker is not None:
+            with self._lock:  # a read queueing its round now does so first; later ones see the store closed
+                self._worker.shutdown(wait=False)
             self._worker.shutdown(wait=True)  # rounds queued run (or fail fast after an error) first
         if self._made_group and self.group is not None and dist.is_initialized():
             dist.destroy_process_group(self.group)

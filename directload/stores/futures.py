@@ -6,12 +6,25 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
+
+from directload.errors import DirectloadError
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ReadFuture"]
+__all__ = ["ReadFuture", "ForkedReadError"]
+
+
+class ForkedReadError(DirectloadError, RuntimeError):
+    """A read started before the process forked is waited for in the child, where the thread doing it did not
+    come along: read the rows again in the child.
+
+    Examples
+    --------
+    >>> issubclass(ForkedReadError, RuntimeError)
+    True
+    """
 
 
 class ReadFuture:
@@ -49,11 +62,11 @@ class ReadFuture:
         """The rows (``[len(ids), *row_shape]``), once the read is complete.
 
         A read still in flight when the process forked cannot complete in the child (the thread doing
-        it stayed in the parent): waiting for it there raises ``RuntimeError`` instead of hanging.
+        it stayed in the parent): waiting for it there raises :class:`ForkedReadError` instead of hanging.
         """
         if self._pid != os.getpid():
             if self._future is not None:
-                raise RuntimeError("this read was started before the process forked and runs in the parent: "
+                raise ForkedReadError("this read was started before the process forked and runs in the parent: "
                                    "it cannot complete in this child; read the rows again here")
             self._lock, self._pid = threading.Lock(), os.getpid()  # a parent's thread may have held it
         with self._lock:
@@ -64,7 +77,8 @@ class ReadFuture:
                 try:
                     if self._steal is not None:
                         got = self._steal(self._future)
-                    self._result = self._future.result() if got is ReadFuture.NOT_STOLEN else got
+                    # cast: a steal callable returns the rows unless it returns NOT_STOLEN (its contract)
+                    self._result = self._future.result() if got is ReadFuture.NOT_STOLEN else cast("torch.Tensor", got)
                 except Exception as exc:  # the worker's own exception, traceback intact
                     self._error = exc
                 self._future = self._steal = None
@@ -76,7 +90,8 @@ class ReadFuture:
                 self._run = None
             if self._error is not None:
                 raise self._error
-            return self._result
+            # cast: set above, or given as result= (a ReadFuture is made with run, future or result)
+            return cast("torch.Tensor", self._result)
 
     def done(self) -> bool:
         """Whether :meth:`wait` would return at once.

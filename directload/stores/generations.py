@@ -1,12 +1,12 @@
 """Crash-consistent publication of a disk store: every write makes a new generation, and one rename
-publishes it.
+publishes it (:mod:`directload.publish`'s protocol, for a store's files).
 
 A store at ``feat.npy`` is a symbolic link to its current generation, ``feat.npy.g<N>``, whose sidecar
 (``feat.npy.g<N>.dlstore.json``) and id map (``feat.npy.g<N>.dlmap.npy``) lie beside it.  A write:
 
-1. takes an exclusive lock on the directory (one writer at a time; the kernel drops it if the writer dies),
-   removes what killed writes of this store left behind (see below), and picks ``N`` above every
-   generation present;
+1. takes an exclusive lock on the directory (one writer at a time; the kernel drops it if the writer dies;
+   a second writer waits, warned), removes what killed writes of this store left behind (see below), and
+   picks ``N`` above every generation present;
 2. writes each file under a temporary name (``.feat.npy.<random>.<role>.partial``) and syncs it;
 3. renames each to its generation name and syncs the directory: the new generation is complete, and
    nothing names it yet;
@@ -30,19 +30,17 @@ is still read, and is replaced by a linked generation the next time it is writte
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
-import re
 import secrets
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any, Self
+from typing import Any, Literal, Self
 
-from directload.atomic import fsync_dir, new_partial, partial_pattern
 from directload.npy import CorruptFileError, open_regular, read_header
+from directload.publish import Publication, crash_point, current
+
+# current and crash_point are directload.publish's, named here as before; a test that kills a write at each
+# step replaces directload.publish.crash_point, which every publication calls
 
 __all__ = ["SIDECAR_SUFFIX", "ID_MAP_SUFFIX", "FORMAT", "sidecar_path", "id_map_path", "current", "StoreWrite",
            "read_sidecar_json", "MAX_SIDECAR_BYTES", "crash_point"]
@@ -65,12 +63,6 @@ def id_map_path(path: os.PathLike[str] | str) -> Path:
     return Path(str(path) + ID_MAP_SUFFIX)
 
 
-def crash_point(step: str) -> None:
-    """Called after every step of a write (``step`` names it); does nothing.  The crash-consistency tests
-    replace it in a child process to kill that process at each step in turn (SQLite's crash-point
-    injection), so every instant of a write is tried."""
-
-
 def read_sidecar_json(path: os.PathLike[str] | str) -> dict[str, Any]:
     """A sidecar's JSON object, or :class:`CorruptFileError` naming ``path``: not a regular file, longer
     than :data:`MAX_SIDECAR_BYTES`, not UTF-8 JSON, nested too deeply, or not an object.
@@ -89,25 +81,6 @@ def read_sidecar_json(path: os.PathLike[str] | str) -> dict[str, Any]:
     return meta
 
 
-def _generation_re(name):
-    return re.compile(re.escape(name) + r"\.g([0-9]{1,18})(" + "|".join(re.escape(s) for s in _ROLES.values() if s)
-                      + r")?")
-
-
-def current(path: os.PathLike[str] | str) -> tuple[Path, int] | tuple[None, None]:
-    """``(generation file, N)`` when ``path`` is a link to its generation ``N`` (``path.g<N>`` beside it),
-    else ``(None, None)``.  Reads the link only; the generation may be missing."""
-    path = Path(path)
-    try:
-        target = os.readlink(path)
-    except (FileNotFoundError, NotADirectoryError, OSError):
-        return None, None
-    found = re.fullmatch(re.escape(path.name) + r"\.g([0-9]{1,18})", target)
-    if found is None:
-        return None, None
-    return path.parent / target, int(found.group(1))
-
-
 def _is_ours(path, role):
     """Whether a generation-named file is one directload wrote: data and id maps carry our mark, a
     sidecar our format.  Anything unreadable or unmarked is left alone."""
@@ -120,8 +93,9 @@ def _is_ours(path, role):
         return False
 
 
-class StoreWrite:
-    """One crash-consistent write of the store at ``path`` (see the module's docstring); a context manager.
+class StoreWrite(Publication):
+    """One crash-consistent write of the store at ``path`` (see the module's docstring); a context manager,
+    a :class:`~directload.publish.Publication` of the roles ``"data"``, ``"map"`` and ``"sidecar"``.
 
     ::
 
@@ -131,7 +105,7 @@ class StoreWrite:
             w.commit()                           # the one atomic publish, then the old generation goes
 
     Leaving the block without :meth:`commit` (an exception) removes the partials and leaves the store as
-    it was.  ``is_ours`` says whether ``path`` was a store directload wrote (checked with ``overwrite``).
+    it was.  Another process writing beside it is waited for (``contention="wait"``), with a warning.
 
     Examples
     --------
@@ -141,94 +115,41 @@ class StoreWrite:
     'x.npy'
     """
 
-    def __init__(self, path: os.PathLike[str] | str, *, overwrite: bool = False) -> None:
-        self.path = Path(path)
-        self.directory = self.path.parent
-        self.name = self.path.name
-        self._overwrite = overwrite
-        self._lock_fd: int | None = None
-        self._partials: dict[str, Path] = {}
-        self._committed = False
+    roles = _ROLES
+    required = ("sidecar",)
 
-    # ------------------------------------------------------------ ownership
-    def _old_store(self):
-        """What is at ``path``: ``("none", None)``, ``("link", generation file)`` for our link,
-        ``("plain", None)`` for a store written before generations, or ``("foreign", None)``."""
-        if not os.path.lexists(self.path):
-            return "none", None
-        target, _ = current(self.path)
-        if target is not None:
-            return "link", target
-        if os.path.islink(self.path):
-            return "foreign", None
-        try:
-            if read_sidecar_json(sidecar_path(self.path)).get("format") == FORMAT:
-                with open_regular(self.path):
-                    return "plain", None
-        except (OSError, ValueError):
-            pass
-        return "foreign", None
+    def __init__(self, path: os.PathLike[str] | str, *, overwrite: bool = False,
+                 contention: Literal["raise", "wait"] = "wait", timeout: float | None = None) -> None:
+        super().__init__(path, contention=contention, timeout=timeout, replace=overwrite)
+        self.token = ""
 
     def __enter__(self) -> Self:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            try:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                warnings.warn(f"{self.directory}: another directload process is writing a store here; waiting for "
-                              "it to finish", RuntimeWarning, stacklevel=2)
-                fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
-            kind, self._old_target = self._old_store()
-            if kind == "foreign":
-                raise FileExistsError(f"{self.path} was not written by directload (no disk-store sidecar, or not "
-                                      "its link); not overwriting it")
-            broken = kind == "link" and not os.path.exists(self._old_target)  # its generation is gone
-            if kind != "none" and not broken and not self._overwrite:
-                raise FileExistsError(f"{self.path} exists; pass overwrite=True (--overwrite) to replace a store "
-                                      "directload wrote")
-            self._old_kind = kind
-            keep = None if self._old_target is None else self._old_target.name
-            self.sweep(keep)
-            self.generation = 1 + max(self._generations_present(), default=0)
-            self.token = secrets.token_hex(16)
-        except BaseException:
-            self._unlock()
-            raise
+        super().__enter__()
+        self.token = secrets.token_hex(16)
         return self
 
-    def _generations_present(self):
-        pattern = _generation_re(self.name)
-        out = []
-        for entry in os.scandir(self.directory):
-            found = pattern.fullmatch(entry.name)
-            if found:
-                out.append(int(found.group(1)))
-        _, now = current(self.path)
-        return out + ([now] if now is not None else [])
+    def owns(self, path: Path, role: str) -> bool:
+        """Data and id maps that carry our mark, sidecars of our format."""
+        return _is_ours(path, role)
 
-    def sweep(self, keep: str | None) -> None:
-        """Remove what killed writes of this store left: partials, generations the link does not name
-        (``keep`` is the one it names) and, once the store is a link, a pre-generation sidecar and map."""
-        partial = partial_pattern(self.name)
-        pattern = _generation_re(self.name)
-        roles = {suffix: role for role, suffix in _ROLES.items()}
-        for entry in list(os.scandir(self.directory)):
-            if partial.fullmatch(entry.name) and (entry.is_file(follow_symlinks=False) or entry.is_symlink()):
-                _remove(entry.path)
-                continue
-            found = pattern.fullmatch(entry.name)
-            if found is None or not entry.is_file(follow_symlinks=False):
-                continue
-            role = roles[found.group(2) or ""]
-            if keep is not None and entry.name == keep + _ROLES[role]:
-                continue
-            if _is_ours(entry.path, role):
-                _remove(entry.path)
-        if current(self.path)[0] is not None:
-            self._remove_plain_store_files()
+    def adopts(self, path: Path) -> bool:
+        """A store written before generations: a regular file beside a sidecar of ours."""
+        try:
+            if read_sidecar_json(sidecar_path(path)).get("format") == FORMAT:
+                with open_regular(path):
+                    return True
+        except (OSError, ValueError):
+            pass
+        return False
 
-    def _remove_plain_store_files(self):
+    def foreign_message(self) -> str:
+        return (f"{self.path} was not written by directload (no disk-store sidecar, or not its link); not "
+                "overwriting it")
+
+    def exists_message(self) -> str:
+        return f"{self.path} exists; pass overwrite=True (--overwrite) to replace a store directload wrote"
+
+    def tidy(self) -> None:
         """The sidecar (and id map) of the store that was here before generations, once the link replaced it."""
         side = sidecar_path(self.path)
         try:
@@ -238,82 +159,10 @@ class StoreWrite:
         if meta.get("format") != FORMAT or meta.get("version") != 1:
             return
         if isinstance(meta.get("id_map"), dict) and meta["id_map"].get("file") == id_map_path(self.path).name:
-            _remove(id_map_path(self.path))
-        _remove(side)
+            self.remove_file(id_map_path(self.path))
+        self.remove_file(side)
 
-    # ------------------------------------------------------------- writing
     @property
     def data_name(self) -> str:
         """The file name of the new generation's rows."""
-        return f"{self.name}.g{self.generation}"
-
-    def final_path(self, role: str) -> Path:
-        return self.directory / (self.data_name + _ROLES[role])
-
-    @contextlib.contextmanager
-    def create(self, role: str, mode: str = "wb") -> Iterator[IO[Any]]:
-        """A new partial file for ``role`` (``"data"``, ``"map"`` or ``"sidecar"``), opened with ``mode``;
-        flushed and synced when the block ends."""
-        if role not in _ROLES or role in self._partials:
-            raise ValueError(f"role must be one of {sorted(_ROLES)}, each once, got {role!r}")
-        fd, tmp = new_partial(self.directory, self.name, role)
-        self._partials[role] = tmp
-        # (mypy: a text mode's encoding, passed as **kwargs, matches no overload of a mode not known statically)
-        with os.fdopen(fd, mode, **({"encoding": "utf-8"} if "b" not in mode else {})) as f:  # type: ignore[call-overload]
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        crash_point(f"written:{role}")
-
-    def step(self, name: str) -> None:
-        """A writer's own step (a chunk of rows written, ...), for :func:`crash_point`."""
-        crash_point(name)
-
-    def commit(self) -> None:
-        """Rename the partials to the new generation, publish it with one rename of the link, then remove
-        the old generation."""
-        if "data" not in self._partials or "sidecar" not in self._partials:
-            raise RuntimeError("a store generation needs its data and its sidecar before it is published")
-        for role in ("data", "map", "sidecar"):
-            if role in self._partials:
-                os.replace(self._partials[role], self.final_path(role))
-                del self._partials[role]
-                crash_point(f"renamed:{role}")
-        fsync_dir(self.directory)
-        crash_point("synced")
-        fd, link = new_partial(self.directory, self.name, "link")
-        os.close(fd)
-        os.unlink(link)  # the name only: symlink() cannot replace a file
-        os.symlink(self.data_name, link)
-        crash_point("linked")
-        os.replace(link, self.path)  # the one atomic step: readers see the old generation, then the new
-        self._committed = True
-        crash_point("published")
-        fsync_dir(self.directory)
-        crash_point("published:synced")
-        self.sweep(self.data_name)
-        crash_point("swept")
-
-    # ------------------------------------------------------------ lifetime
-    def _unlock(self):
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # releases the flock
-            self._lock_fd = None
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            for tmp in self._partials.values():
-                _remove(tmp)
-            if exc[0] is not None and not self._committed:
-                for role in _ROLES:  # renamed but never published: nothing names them
-                    path = self.final_path(role) if hasattr(self, "generation") else None
-                    if path is not None and os.path.lexists(path) and _is_ours(path, role):
-                        _remove(path)
-        finally:
-            self._unlock()
-
-
-def _remove(path):
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-        crash_point("removed")
+        return self.generation_name

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -11,6 +10,8 @@ import torch
 
 from directload.kernels.operands import check_readable, host_of
 
+from .base import FeatureStore
+from .counters import Counters
 from .futures import ReadFuture
 from .held import nbytes_of
 from .wrapper import WrapperStore
@@ -18,13 +19,12 @@ from .wrapper import WrapperStore
 if TYPE_CHECKING:
     from directload.unified import UnifiedTensor
 
-    from .base import FeatureStore
     from .reads import Ids
 
 __all__ = ["HotRowsStore"]
 
 
-class HotRowsStore(WrapperStore):
+class HotRowsStore(WrapperStore[FeatureStore]):
     """Reads of the rows in ``hot_ids`` come from ``rows``, every other read from ``fallback``.
 
     Made for many processes on one node reading one table: the hottest rows (a packed disk store's first
@@ -82,10 +82,14 @@ class HotRowsStore(WrapperStore):
         self._pos = np.full(n, -1, np.int64)
         self._pos[hot] = np.arange(hot.size)
         self._hot = hot
-        self._lock = threading.Lock()
-        self._stats = {"rows": 0, "hit_rows": 0, "miss_rows": 0}
+        self._counts = Counters(("rows", "hit_rows", "miss_rows"))
 
     fallback = property(lambda self: self.inner, doc="The store of every row that is not hot.")
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """``"stage"``, and ``"warm"`` where its fallback declares it (the fallback's caches are warmed)."""
+        return super().capabilities | (self.fallback.capabilities & {"warm"})
 
     @property
     def hot_rows(self) -> int:
@@ -99,14 +103,14 @@ class HotRowsStore(WrapperStore):
         return nbytes_of(self._pos, self._hot)
 
     def _read_async(self, index, out, run_device, out_device):
+        table = self._rows  # close() lets the shared copy go; a read started before it still has it
+        if table is None:
+            self.check_open()  # closed since read_async's check (by another thread): ClosedError
         ids = index.cpu().numpy().astype(np.int64, copy=False)
         pos = self._pos[ids]
         hot = pos >= 0
         n_hot = int(hot.sum())
-        with self._lock:
-            self._stats["rows"] += ids.size
-            self._stats["hit_rows"] += n_hot
-            self._stats["miss_rows"] += ids.size - n_hot
+        self._counts.add(rows=ids.size, hit_rows=n_hot, miss_rows=ids.size - n_hot)
         if not n_hot:
             return self.fallback.read_async(index, out=out, device=out_device)
         cold_at = np.flatnonzero(~hot)
@@ -114,8 +118,6 @@ class HotRowsStore(WrapperStore):
         hot_at = np.flatnonzero(hot)
         result = out if out is not None else torch.empty((ids.size, *self.row_shape), dtype=self.dtype,
                                                          device=out_device)
-
-        table = self._rows  # close() lets the shared copy go; a read started before it still has it
 
         def finish():
             rows = table.index_select(0, torch.from_numpy(pos[hot_at]))
@@ -146,23 +148,15 @@ class HotRowsStore(WrapperStore):
     def warm(self, ids: Ids | None = None, *, background: bool = False, progress: bool = False) -> int | dict[str, int]:
         """Warm the fallback's caches with ``ids`` (default :meth:`hot_ids`), leaving out the hot rows."""
         self.check_open()
-        if not callable(getattr(self.fallback, "warm", None)):
-            raise TypeError(f"{self.fallback!r} has no cache to warm")
+        self.fallback.check_capability("warm")
         ids = self._warm_ids(ids)
         return self.fallback.warm(self._cold(torch.as_tensor(ids)), background=background, progress=progress)
 
     def _counters(self):
         """``"hot"``: rows asked, ``hit_rows`` served here, ``miss_rows`` passed on (the fallback's tiers follow
         in :meth:`stats`)."""
-        with self._lock:
-            return {**self._stats, "hit_rate": self._stats["hit_rows"] / max(self._stats["rows"], 1),
-                    "capacity_rows": self.hot_rows}
-
-    def _reset_counters(self):
-        with self._lock:
-            for key in self._stats:
-                self._stats[key] = 0
-        super()._reset_counters()
+        s = self._counts.snapshot()
+        return {**s, "hit_rate": s["hit_rows"] / max(s["rows"], 1), "capacity_rows": self.hot_rows}
 
     def _close(self):
         self._keep = self._rows = None  # the node's copy is let go of (its last user removes its name)

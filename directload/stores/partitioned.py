@@ -9,8 +9,6 @@ and what :func:`partition_bounds` makes for PyG.
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import numpy.typing as npt
 import torch
@@ -18,8 +16,8 @@ import torch
 from directload.units import check_int
 
 from .base import FeatureStore
+from .counters import Counters
 from .futures import ReadFuture
-from .records import Stats, TieredStats
 from .wrapper import WrapperStore
 
 __all__ = ["PartitionedStore", "partition_bounds", "check_bounds", "owners"]
@@ -87,7 +85,7 @@ def owners(bounds: np.ndarray, ids: npt.ArrayLike) -> np.ndarray:
     return np.searchsorted(bounds, np.asarray(ids, dtype=np.int64), side="right") - 1  # type: ignore[return-value]
 
 
-class PartitionedStore(WrapperStore):
+class PartitionedStore(WrapperStore[FeatureStore]):
     """Rows ``bounds[part]:bounds[part + 1]`` from ``local``, every other row from ``remote``.
 
     Parameters
@@ -97,7 +95,7 @@ class PartitionedStore(WrapperStore):
     remote : FeatureStore
         The whole table, as seen from here: it is only asked for rows of other partitions.  It is asked on
         every read, with no ids when a batch is all local, because a collective exchange needs every rank
-        at every step.
+        at every step (over one, the partitioned store is collective too: it declares no ``"stage"``).
     bounds : sequence of int
         ``[0, end_0, ..., num_rows]``: partition ``p`` owns ids ``bounds[p]:bounds[p + 1]``.
     part : int
@@ -137,8 +135,7 @@ class PartitionedStore(WrapperStore):
                              f"remote ones ({remote.dtype} {tuple(remote.row_shape)})")
         self.remote = remote
         self.bounds, self.part, self._start, self._end = bounds, part, start, end
-        self._lock = threading.Lock()
-        self._stats = {"rows": 0, "local_rows": 0, "remote_rows": 0, "remote_bytes": 0}
+        self._counts = Counters(("rows", "local_rows", "remote_rows", "remote_bytes"))
 
     local = property(lambda self: self.inner, doc="This partition's rows, in id order from ``bounds[part]``.")
 
@@ -164,11 +161,8 @@ class PartitionedStore(WrapperStore):
 
     def _read_async(self, index, out, run_device, out_device):
         ids, local_at, remote_at = self._split(index)
-        with self._lock:
-            self._stats["rows"] += ids.size
-            self._stats["local_rows"] += local_at.size
-            self._stats["remote_rows"] += remote_at.size
-            self._stats["remote_bytes"] += remote_at.size * self.row_nbytes
+        self._counts.add(rows=ids.size, local_rows=local_at.size, remote_rows=remote_at.size,
+                         remote_bytes=remote_at.size * self.row_nbytes)
         # the remote read first: a collective exchange starts on its own thread while the local rows are read
         far = self.remote.read_async(torch.from_numpy(ids[remote_at]), device=out_device)
         near = self.local.read_async(torch.from_numpy(ids[local_at] - self._start), device=out_device)
@@ -202,21 +196,11 @@ class PartitionedStore(WrapperStore):
         if local_at.size:
             self.local.prefetch(torch.from_numpy(ids[local_at] - self._start))
 
-    def stats(self) -> TieredStats:
-        """This store's record (``"partitioned"``: rows asked, ``local_rows``, ``remote_rows``, ``remote_bytes``)
-        before the local store's tiers, then the remote's (those whose names the local tiers do not use already)."""
-        with self._lock:
-            mine = Stats(self.tier, {**self._stats, "part": self.part,
-                                     "local_rate": self._stats["local_rows"] / max(self._stats["rows"], 1)})
-        near = self.local.stats().tiers
-        names = {t.tier for t in near} | {self.tier}
-        return TieredStats([mine, *near, *(t for t in self.remote.stats().tiers if t.tier not in names)])
-
-    def _reset_counters(self):
-        with self._lock:
-            for key in self._stats:
-                self._stats[key] = 0
-        super()._reset_counters()
+    def _counters(self):
+        """``"partitioned"``: rows asked, ``local_rows``, ``remote_rows``, ``remote_bytes`` (the local store's
+        tiers follow in :meth:`stats`, then the remote's whose names the local tiers do not use already)."""
+        s = self._counts.snapshot()
+        return {**s, "part": self.part, "local_rate": s["local_rows"] / max(s["rows"], 1)}
 
     def __repr__(self):
         state = ", closed" if self._closed else ""

@@ -11,7 +11,7 @@ import torch
 
 from directload.kernels.devices import MAPPED, memory_of
 
-__all__ = ["Staged", "Stats", "CacheStats", "TieredStats", "Query"]
+__all__ = ["Staged", "Stats", "CacheStats", "TieredStats", "Query", "Admitted"]
 
 
 @dataclass(frozen=True)
@@ -107,19 +107,25 @@ class CacheStats(Stats):
 
 
 class TieredStats(Stats):
-    """A :class:`~directload.stores.TieredStore`'s record: ``{tier name: that tier's record}``, top first.
+    """The record of a store in front of others (:meth:`~directload.stores.FeatureStore.stats`):
+    ``{tier name: that tier's record}``, top first, each tier name once (the first, nearest the top: a
+    store reached twice, such as a partition's local store under both a partitioned store and its row
+    exchange, counts once).
 
     Examples
     --------
-    >>> s = TieredStats([CacheStats("host", {"hit_rows": 2}), Stats("disk", {"reads": 5})])
+    >>> s = TieredStats([CacheStats("host", {"hit_rows": 2}), Stats("disk", {"reads": 5}), Stats("disk", {})])
     >>> list(s), s["disk"]["reads"], [t.tier for t in s.tiers]
     (['host', 'disk'], 5, ['host', 'disk'])
     """
 
     def __init__(self, records: Iterable[Stats]) -> None:
-        records = tuple(records)
-        super().__init__("tiered", {r.tier: r for r in records})
-        self._tiers = tuple(t for r in records for t in r.tiers)
+        first: dict[str, Stats] = {}
+        for record in records:
+            for t in record.tiers:
+                first.setdefault(t.tier, t)
+        super().__init__("tiered", first)
+        self._tiers = tuple(first.values())
 
     @property
     def tiers(self) -> tuple[Stats, ...]:
@@ -168,3 +174,30 @@ class Query:
     def held(self) -> np.ndarray:
         """The slots the read copies out of, pinned until the cache finishes or abandons the read."""
         return self.slots[self.slots >= 0]
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """The misses of a read that :meth:`~directload.stores.slotcache.SlotCache.admit` placed in free slots, in
+    flight until the store fills them (outside the cache's lock) and settles them.
+
+    ``rows`` are the rows and ``slots`` their slots (int64 numpy arrays); ``at`` is each one's position
+    among the read's misses (:attr:`Query.miss_rows`), so its offset in the read's staged misses, and
+    ``generation`` the cache's resizes by then.
+
+    Examples
+    --------
+    >>> from directload.stores.slotcache import SlotCache
+    >>> c = SlotCache(10, capacity=4, policy="lru")
+    >>> placed = c.admit(c.query(np.array([2, 7])))
+    >>> placed.rows.tolist(), placed.at.tolist(), len(placed)
+    ([2, 7], [0, 1], 2)
+    """
+
+    rows: np.ndarray
+    slots: np.ndarray
+    at: np.ndarray
+    generation: int = 0
+
+    def __len__(self) -> int:
+        return int(self.slots.shape[0])

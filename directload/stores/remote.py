@@ -28,7 +28,6 @@ A remote tier of rows kept in a dict, standing for another machine:
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -39,6 +38,7 @@ from directload.errors import DirectloadError
 from directload.kernels.devices import HOST
 
 from .base import FeatureStore
+from .counters import Counters
 from .futures import ReadFuture
 
 if TYPE_CHECKING:
@@ -79,8 +79,7 @@ class RemoteStore(FeatureStore):
     def __init__(self, num_rows: int, row_shape: Sequence[int], dtype: torch.dtype) -> None:
         super().__init__()
         self._num_rows, self._row_shape, self._dtype = int(num_rows), tuple(row_shape), dtype
-        self._lock = threading.Lock()
-        self._stats: dict[str, float] = {"reads": 0, "rows": 0, "bytes": 0, "seconds": 0.0}
+        self._counts = Counters({"reads": 0, "rows": 0, "bytes": 0, "seconds": 0.0})
 
     @property
     def num_rows(self) -> int:
@@ -105,25 +104,14 @@ class RemoteStore(FeatureStore):
         def run():
             t0 = time.perf_counter()
             rows = self._fetch(ids) if len(ids) else torch.empty((0, *self._row_shape), dtype=self._dtype)
-            with self._lock:
-                self._stats["reads"] += 1
-                self._stats["rows"] += len(ids)
-                self._stats["bytes"] += len(ids) * self.row_nbytes
-                self._stats["seconds"] += time.perf_counter() - t0
+            self._counts.add(reads=1, rows=len(ids), bytes=len(ids) * self.row_nbytes,
+                             seconds=time.perf_counter() - t0)
             if out is not None:
                 out.copy_(rows)
                 return out
             return rows.to(out_device)
 
         return ReadFuture(run=run)
-
-    def _counters(self):
-        with self._lock:
-            return dict(self._stats)
-
-    def _reset_counters(self):
-        with self._lock:
-            self._stats = {key: 0 if key != "seconds" else 0.0 for key in self._stats}
 
 
 class KVStoreRows(RemoteStore):

@@ -3,12 +3,19 @@ no I/O and no row memory.
 
 It owns the slot table (:class:`~directload.stores.slots.SlotTable`), the policy, the announced batches
 (:class:`~directload.stores.readahead.Announced`) and the one lock around them, and answers every question
-a cache's threads ask: a read's :meth:`SlotCache.query` and :meth:`SlotCache.admit`, the read-ahead's
-:meth:`~SlotCache.claim_ahead` / :meth:`~SlotCache.settle_ahead`, a warm's :meth:`~SlotCache.claim_warm` /
-:meth:`~SlotCache.settle_warm`, and :meth:`~SlotCache.resize`.  The rows themselves, and every copy into
-or out of a slot, belong to the store around it (:class:`~directload.stores.CachedStore`), which is told
-which slots to fill and when: GraphBolt's split of ``CPUFeatureCache`` (query, replace) from
-``CPUCachedFeature`` (the fallback and the copies).  So every policy is tested with numpy alone.
+a cache's threads ask: a read's :meth:`SlotCache.query`, :meth:`SlotCache.admit` and :meth:`SlotCache.finish`,
+the read-ahead's :meth:`~SlotCache.claim_ahead` / :meth:`~SlotCache.settle_ahead`, a warm's
+:meth:`~SlotCache.claim_warm` / :meth:`~SlotCache.settle_warm`, and :meth:`~SlotCache.resize`.  The rows
+themselves, and every copy into or out of a slot, belong to the store around it
+(:class:`~directload.stores.CachedStore`), which is told which slots to fill and when: GraphBolt's split of
+``CPUFeatureCache`` (query, replace) from ``CPUCachedFeature`` (the fallback and the copies).  So every
+policy is tested with numpy alone.
+
+One fill protocol for the three ways rows come in (a read's kept misses, the read-ahead, a warm): slots are
+claimed and marked in flight under the lock (readers of those rows wait), the store fills them outside the
+lock (a device cache's copy is GPU work, never done under it), then settles them under the lock again (or
+gives them back with :meth:`~SlotCache.free`).  A child forked meanwhile drops the slots in flight, never
+sees a row half copied.
 """
 
 from __future__ import annotations
@@ -21,20 +28,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from directload.errors import rethrown
-from directload.kernels.tiered import fill_slots
 
 from .policies import Policy, make_policy, policy_class
 from .readahead import Announced
-from .records import Query
-from .slots import CACHED, INFLIGHT, KEPT, NONE, READING, ROW_BYTES, SLOT_BYTES, STAGED, SlotTable
+from .records import Admitted, Query
+from .slots import CACHED, INFLIGHT, KEPT, LET_GO, NONE, READING, ROW_BYTES, SLOT_BYTES, STAGED, SlotTable
 
 if TYPE_CHECKING:
-    import torch
-
     from .policies import PolicySpec
-    from .records import Staged
 
 __all__ = ["SlotCache"]
+
+_NO_ROWS = np.zeros(0, np.int64)
 
 
 class SlotCache:
@@ -47,15 +52,14 @@ class SlotCache:
 
     Examples
     --------
-    >>> import torch
-    >>> from directload.stores import Staged
     >>> c = SlotCache(10, capacity=2, policy="lru")
-    >>> slots = torch.zeros(2, 1)
+    >>> memory = np.zeros(2)  # the store's slots
     >>> q = c.query(np.array([3, 5]))
     >>> q.miss_rows.tolist(), q.keep.tolist()
     ([3, 5], [True, True])
-    >>> c.admit(q, Staged(torch.tensor([30.0, 50.0]), np.array([0, 1])), slots); c.finish(q)
-    >>> slots.flatten().tolist(), c.query(np.array([5])).cached.tolist()
+    >>> placed = c.admit(q)  # the kept misses' slots, in flight: the store fills them outside the lock
+    >>> memory[placed.slots] = np.array([30.0, 50.0])[placed.at]; c.finish(q, placed)
+    >>> memory.tolist(), c.query(np.array([5])).cached.tolist()
     ([30.0, 50.0], [True])
     """
 
@@ -139,12 +143,14 @@ class SlotCache:
                 self._release(q.batch[1])
             self._lock.notify_all()
 
-    def admit(self, q: Query, staged: Staged, into: torch.Tensor) -> None:
-        """After the read's gather: evicted rows go, rows the policy holds now change kind, and misses it keeps
-        take free slots, copied in (under the lock) from ``staged`` (the read's misses, a
-        :class:`~directload.stores.records.Staged` in ``into``'s words) into ``into``, the slots' memory
-        (``[slots, *row]``), and its batch's staged rows are released.  The slots it read stay pinned until
-        :meth:`finish` (a GPU may still be reading them): a slot evicted meanwhile is reused only after."""
+    def admit(self, q: Query) -> Admitted:
+        """After the read's gather: evicted rows go, rows the policy holds now change kind, misses it keeps
+        take free slots, and its batch's staged rows are released.  Returns where the kept misses go (an
+        :class:`~directload.stores.records.Admitted`): those slots are in flight (readers of their rows
+        wait) until the store has filled them from the read's staged misses, outside this lock, and
+        settles them with :meth:`finish` (or gives them back with :meth:`free`).  The slots the read copied
+        out of stay pinned until :meth:`finish` (a GPU may still be reading them): a slot evicted meanwhile
+        is reused only after."""
         t = self.table
         with self._lock:
             evicted, keep = q.evicted, q.keep
@@ -161,27 +167,28 @@ class SlotCache:
                 same = cur == was
                 same[same] = t.kind[cur[same]] == STAGED
                 t.kind[cur[same]] = CACHED
+            placed = None
             new = keep & q.miss
             if new.any():
                 # among the misses, in their order; not those a concurrent reader gave a slot meanwhile
                 miss_rows = q.miss_rows
                 picked = np.flatnonzero(new[q.miss] & (t.slot[miss_rows] < 0))  # in none, or being read
-                slots = t.claim(picked.shape[0])  # fewer only while a warm's rows are in flight
+                slots = t.claim(picked.shape[0])  # fewer only while rows are in flight (a warm's, a read's)
                 picked = picked[:slots.shape[0]]
-                if slots.size:
-                    t.place(miss_rows[picked], slots, CACHED)  # no one sees them before the copy: the lock is held
-                    try:
-                        fill_slots(into, slots, staged.flat, staged.offsets[picked])  # one copy, staging -> slots
-                    except BaseException:
-                        self._free_slots(miss_rows[picked], slots)
-                        raise
+                placed = Admitted(miss_rows[picked], slots, picked, self._generation)
+                t.place(placed.rows, slots, INFLIGHT, KEPT)  # readers wait for them until settled
             if q.batch is not None:
                 self._release(q.batch[1])
             self._lock.notify_all()
+            return placed if placed is not None else Admitted(_NO_ROWS, _NO_ROWS, _NO_ROWS, self._generation)
 
-    def finish(self, q: Query) -> None:
-        """The read is done with its slots (its gather complete): unpin them and unmark its misses."""
+    def finish(self, q: Query, placed: Admitted | None = None) -> None:
+        """The read is done with its slots (its gather complete) and has filled ``placed`` (what :meth:`admit`
+        gave): those rows the policy still keeps are cached, the rest freed; then its slots are unpinned and
+        its misses unmarked."""
         with self._lock:
+            if placed is not None and placed.slots.size:
+                self._settle_cached(placed.rows, placed.slots, placed.generation)
             self._done_reading(q)
             self._lock.notify_all()
 
@@ -278,11 +285,29 @@ class SlotCache:
         """A round filled ``slots``: those the policy still keeps are cached, the rest freed.  Returns how
         many were kept."""
         with self._lock:
-            kept = self.policy.contains(rows)  # a read may have evicted some meanwhile
-            self.table.kind[slots[kept]] = CACHED
-            self._free_slots(rows[~kept], slots[~kept])
+            kept = self._settle_cached(rows, slots)
             self._lock.notify_all()
-            return int(kept.sum())
+            return kept
+
+    def _settle_cached(self, rows, slots, generation=None):
+        """Filled in-flight ``slots`` of ``rows``: cached where the policy still keeps the row (a read or a
+        resize may have let it go meanwhile), freed where not.  With the ``generation`` they were placed in
+        and no resize since, only the rows :meth:`_evict` marked let go are asked about (every row the policy
+        let go reaches it); else the policy is asked about all.  How many were kept."""
+        t = self.table
+        if generation == self._generation:
+            kept = t.staged_for[slots] != LET_GO
+            if kept.all():  # the policy let none go: all cached, no question asked
+                t.kind[slots] = CACHED
+                t.staged_for[slots] = -1
+                return int(slots.shape[0])
+            kept[~kept] = self.policy.contains(rows[~kept])  # let go, and maybe kept again since
+        else:
+            kept = self.policy.contains(rows)
+        t.kind[slots[kept]] = CACHED
+        t.staged_for[slots[kept]] = -1
+        self._free_slots(rows[~kept], slots[~kept])
+        return int(kept.sum())
 
     # ------------------------------------------------------------- resize
     def resize(self, rows: int) -> int:
@@ -321,7 +346,11 @@ class SlotCache:
             return
         t = self.table
         rows, s = t.slotted(rows)
-        ok = t.kind[s] == CACHED
+        kind = t.kind[s]
+        filling = s[kind == INFLIGHT]
+        if filling.size:  # filled for the policy, which let them go: their fillers free them
+            t.staged_for[filling[t.staged_for[filling] == KEPT]] = LET_GO
+        ok = kind == CACHED
         rows, s = rows[ok], s[ok]
         still = self._announced.still_wanted(rows)
         # an announced batch reads it: it stays, staged (forwarded, not read twice), while staging has room

@@ -7,7 +7,9 @@ call.  A slot is
 * ``CACHED``: a row the policy keeps;
 * ``STAGED``: a row read ahead for an announced batch (``staged_for`` says which; ``KEPT``: a cached row the
   policy let go that an announced batch still reads);
-* ``INFLIGHT``: being read into (readers wait for it).
+* ``INFLIGHT``: being filled (readers wait for it): read ahead for a batch (``staged_for`` says which), or
+  filled for the policy (``KEPT``: a read's kept miss, a warm's row; ``LET_GO`` once the policy let it go
+  meanwhile, so its filler frees it rather than caching it).
 
 ``slot[row]`` is the row's slot, ``NONE`` for no slot, or ``READING`` while a demand read reads it (so no one
 reads it twice).
@@ -15,11 +17,15 @@ reads it twice).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 
 from .held import INT_BYTES, nbytes_of
 
-__all__ = ["SlotTable", "SLOT_BYTES", "ROW_BYTES", "FREE", "CACHED", "STAGED", "INFLIGHT", "NONE", "READING", "KEPT"]
+__all__ = ["SlotTable", "SLOT_BYTES", "ROW_BYTES", "FREE", "CACHED", "STAGED", "INFLIGHT", "NONE", "READING", "KEPT",
+           "LET_GO"]
 
 #: Bookkeeping bytes per slot (its kind, batch and readers, 1 + 8 + 4, and its free-list entry, 8 and an int)
 #: and per row of the table (its slot, an int32).
@@ -27,7 +33,8 @@ SLOT_BYTES, ROW_BYTES = 1 + 8 + 4 + 8 + INT_BYTES, 4
 
 FREE, CACHED, STAGED, INFLIGHT = 0, 1, 2, 3
 NONE, READING = -1, -2
-KEPT = -2  # staged_for of a cached row kept for an announced batch
+KEPT = -2  # staged_for of a cached row kept for an announced batch, or of a row filled for the policy
+LET_GO = -3  # staged_for of a row filled for the policy that the policy let go while it was in flight
 
 
 class SlotTable:
@@ -48,7 +55,9 @@ class SlotTable:
 
     def __init__(self, num_rows: int, slots: int) -> None:
         self.size = int(slots)
-        self.slot = np.full(int(num_rows), NONE, np.int32 if slots < 2 ** 31 else np.int64)  # row -> slot
+        # row -> slot
+        self.slot: npt.NDArray[np.signedinteger[Any]] = np.full(int(num_rows), NONE,
+                                                                np.int32 if slots < 2 ** 31 else np.int64)
         self.kind = np.zeros(self.size, np.int8)
         self.staged_for = np.full(self.size, -1, np.int64)  # slot -> batch it was read ahead for
         self.pinned = np.zeros(self.size, np.int32)  # readers copying out of each slot

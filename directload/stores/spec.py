@@ -1,12 +1,15 @@
-"""``StoreSpec``: a feature store described once, as data, checked by one ``check()`` and opened by
-``open_store()``.
+"""``StoreSpec``: a feature store described once, as data, checked by one ``check()``, written down and read
+back as plain data, and opened by :func:`~directload.stores.open_store`.
 
 GraphBolt builds its feature stacks from declarative specs; so does directload.  A spec names the source
 (a ``.npy`` disk store's path, a tensor, or any store), the cache budgets and policy, whether the source is
-packed hottest first, the rows held once per node in shared memory, the node budget the stack will join,
-and whether the table is partitioned among the ranks of a ``torch.distributed`` job.  :meth:`StoreSpec.check`
-holds every rule of how those go together, so a command line and a config that both call it refuse the same
-things with the same words (``names`` spells the fields as the caller's options), before anything is opened.
+packed hottest first, and three parts of their own: the options of the disk store a path opens
+(:class:`DiskOptions`), what the jobs of one node share (:class:`BudgetSpec`: a node budget and the hottest
+rows held once) and whether the table is split among the ranks of a ``torch.distributed`` job
+(:class:`PartitionSpec`).  :meth:`StoreSpec.check` holds every rule of how those go together, so a command
+line and a config that both call it refuse the same things with the same words (``names`` spells the
+fields as the caller's options), before anything is opened.  :meth:`StoreSpec.to_dict` and
+:meth:`StoreSpec.from_dict` give it as JSON's types and back (a training run's report records its spec).
 """
 
 from __future__ import annotations
@@ -14,23 +17,167 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeAlias
 
-import numpy as np
 import torch
 
-from directload.units import check_bytes
+from directload.units import check_bytes, check_int
 
 from .base import FeatureStore
+from .handle import StoreHandle, open_store  # noqa: F401  (their home is .handle; the old path keeps working)
 from .policies import POLICY_NAMES, Policy
 
-__all__ = ["StoreSpec", "open_store"]
+__all__ = ["StoreSpec", "DiskOptions", "BudgetSpec", "PartitionSpec", "Source"]
+
+#: What a spec reads: a ``.npy`` disk store's path, a tensor, or a store.
+Source: TypeAlias = "str | os.PathLike[str] | torch.Tensor | FeatureStore"
 
 
-def _field(name: str) -> str:
-    """A field as the spec's own errors name it (a flag set as ``packed=True``)."""
-    return f"{name}=True" if name in ("tiers", "packed", "partitioned") else name
+def _field(path: str) -> str:
+    """A field as the spec's own errors name it: its path, a switch as set (``packed=True``)."""
+    return f"{path}=True" if path in ("tiers", "packed") else path
+
+
+def _unknown(cls: type, data: Mapping[str, Any]) -> None:
+    """``TypeError`` naming the keys of ``data`` that are no field of ``cls``."""
+    extra = sorted(set(data) - {f.name for f in fields(cls)})
+    if extra:
+        raise TypeError(f"{cls.__name__} has no field {', '.join(map(repr, extra))}")
+
+
+@dataclass(frozen=True)
+class DiskOptions:
+    """Options of the :class:`~directload.stores.DiskStore` a spec's path opens: each one the disk store's
+    parameter of that name, None leaving it at the disk store's default.  ``dtype``, ``shape`` and ``offset``
+    read a raw file (no ``.npy`` header).
+
+    Examples
+    --------
+    >>> options = DiskOptions(queue_depth=8, dtype=torch.uint8, shape=(10, 4))
+    >>> options.kwargs()["queue_depth"], options.to_dict()
+    (8, {'queue_depth': 8, 'dtype': 'uint8', 'shape': [10, 4]})
+    >>> DiskOptions.from_dict(options.to_dict()) == options
+    True
+    """
+
+    queue_depth: int | None = None
+    rings: int | None = None
+    engine: str | None = None
+    direct: bool | str | None = None
+    merge_gap: int | None = None
+    max_read: int | None = None
+    retries: int | None = None
+    staging_bytes: int | None = None
+    submit_batch: int | None = None
+    dtype: torch.dtype | None = None
+    shape: tuple[int, ...] | None = None
+    offset: int | None = None
+
+    def kwargs(self) -> dict[str, Any]:
+        """The options given (not None), as :class:`~directload.stores.DiskStore`'s keyword arguments."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The options given, as JSON's types (a dtype by its name, a shape as a list)."""
+        out = self.kwargs()
+        if self.dtype is not None:
+            out["dtype"] = str(self.dtype).removeprefix("torch.")
+        if self.shape is not None:
+            out["shape"] = list(self.shape)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DiskOptions:
+        """The options :meth:`to_dict` gave; ``TypeError`` for a key that is no option."""
+        _unknown(cls, data)
+        values = dict(data)
+        if isinstance(values.get("dtype"), str):
+            dtype = getattr(torch, values["dtype"], None)
+            if not isinstance(dtype, torch.dtype):
+                raise TypeError(f"dtype {values['dtype']!r} is no torch dtype")
+            values["dtype"] = dtype
+        if values.get("shape") is not None:
+            values["shape"] = tuple(values["shape"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class BudgetSpec:
+    """What the jobs of one node share (:mod:`directload.budget`): one budget of host bytes and disk reads
+    in flight, by name, and the packed source's hottest rows, held once.
+
+    Parameters
+    ----------
+    host_bytes : int or str
+        The host bytes of the node budget the stack joins (:func:`~directload.stores.join_budget`; 0: none):
+        its host cache then starts empty and grows into its share, up to the spec's ``host_bytes`` (or the
+        whole table).  The shared hot rows come out of it first.
+    io_depth : int
+        Disk reads in flight shared within that budget (0: each stack its own).
+    name : str
+        The budget's name: stacks giving the same name share one budget and one copy of the hot rows.
+    shared_hot_bytes : int or str
+        The hottest rows of a packed source held once per node in shared memory
+        (:class:`~directload.stores.HotRowsStore` over :func:`directload.shared_table`).
+    hot_key : str, optional
+        The node-wide name of that copy (default: ``name``); the source file's identity and the row count are
+        added, so a repacked file never reuses an old copy.
+    directory : str, optional
+        Where the budget lives (default ``/dev/shm``).
+
+    Examples
+    --------
+    >>> BudgetSpec(host_bytes="4G", io_depth=64).to_dict()["host_bytes"]
+    '4G'
+    """
+
+    host_bytes: int | str = 0
+    io_depth: int = 0
+    name: str = "directload"
+    shared_hot_bytes: int | str = 0
+    hot_key: str | None = None
+    directory: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, as JSON's types."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BudgetSpec:
+        """The part :meth:`to_dict` gave; ``TypeError`` for a key that is no field."""
+        _unknown(cls, data)
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class PartitionSpec:
+    """The rows split among the ranks of the ``torch.distributed`` job: this rank's contiguous range
+    (:func:`~directload.stores.partition_bounds`) from its own stack, every other row from its owner by
+    all-to-all (:class:`~directload.stores.RowExchange`, each round within ``timeout`` seconds).  Every rank
+    opens it, in the same order.
+
+    Examples
+    --------
+    >>> PartitionSpec(timeout=30).to_dict()
+    {'timeout': 30}
+    """
+
+    timeout: float = 60.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, as JSON's types."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PartitionSpec:
+        """The part :meth:`to_dict` gave; ``TypeError`` for a key that is no field."""
+        _unknown(cls, data)
+        return cls(**data)
+
+
+#: A spec's parts, by field: each a dataclass of its own with ``to_dict`` and ``from_dict``.
+_PARTS: dict[str, Any] = {"budget": BudgetSpec, "partition": PartitionSpec, "disk": DiskOptions}
 
 
 @dataclass(frozen=True)
@@ -39,9 +186,10 @@ class StoreSpec:
 
     Parameters
     ----------
-    source : str, os.PathLike, torch.Tensor or FeatureStore
-        A ``.npy`` disk store's path (opened as a :class:`~directload.stores.DiskStore` with
-        ``disk_options``), a host tensor (rows in memory), or a store, used as it is and left open.
+    source : str, os.PathLike, torch.Tensor or FeatureStore, optional
+        A ``.npy`` disk store's path (opened as a :class:`~directload.stores.DiskStore` with ``disk``), a host
+        tensor (rows in memory), or a store, used as it is and left open.  None: given later (a training run
+        reads its dataset's), so :func:`open_store` refuses it.
     tiers : bool
         Caches in front of the source (a :class:`~directload.stores.TieredStore`); False: the source alone.
     gpu_bytes, host_bytes : int or str
@@ -55,22 +203,12 @@ class StoreSpec:
     packed : bool
         The source's rows are numbered hottest first (:func:`~directload.stores.renumber`): warming and shared
         hot rows read its first rows.
-    shared_hot_bytes : int or str
-        The hottest rows of a packed source held once per node in shared memory
-        (:class:`~directload.stores.HotRowsStore` over :func:`directload.shared_table`).
-    shared_key : str, optional
-        The node-wide name of that copy's owner (a budget's or a job's name); the source file's identity and
-        the row count are added, so a repacked file never reuses an old copy.
-    budget_bytes : int or str
-        The host bytes of the node budget (:func:`~directload.stores.join_budget`) the stack will join: its
-        host cache then starts empty and grows into its share, up to ``host_bytes`` (or the whole table).
-        The shared hot rows come out of it.
-    partitioned : bool
-        Split the rows among the ranks of the ``torch.distributed`` job: this rank's contiguous range
-        (:func:`~directload.stores.partition_bounds`) from its own store, every other row by all-to-all
-        (:class:`~directload.stores.RowExchange`).
-    disk_options : mapping
-        Options of the :class:`~directload.stores.DiskStore` a path opens (``queue_depth``, ``engine``, ...).
+    budget : BudgetSpec
+        The node budget the stack joins and the hot rows it holds once per node (none by default).
+    partition : PartitionSpec, optional
+        Split the rows among the ranks of the ``torch.distributed`` job (None: every row here).
+    disk : DiskOptions
+        Options of the disk store a path opens (``queue_depth``, ``engine``, ...).
 
     Examples
     --------
@@ -81,9 +219,11 @@ class StoreSpec:
     Traceback (most recent call last):
     ...
     ValueError: --policy must be one of ('lookahead', 'lru', 'clock', 'sieve', 's3fifo'), got 'fifo'
+    >>> StoreSpec.from_dict(StoreSpec("feat.npy", budget=BudgetSpec(host_bytes="1G")).to_dict()).budget.host_bytes
+    '1G'
     """
 
-    source: Any
+    source: Source | None = None
     tiers: bool = True
     gpu_bytes: int | str = 0
     host_bytes: int | str = 0
@@ -91,46 +231,131 @@ class StoreSpec:
     policy: str | Policy | Callable[[int], Policy] = "lookahead"
     device: str | torch.device | None = None
     packed: bool = False
-    shared_hot_bytes: int | str = 0
-    shared_key: str | None = None
-    budget_bytes: int | str = 0
-    partitioned: bool = False
-    disk_options: Mapping[str, Any] = field(default_factory=dict)
+    budget: BudgetSpec = field(default_factory=BudgetSpec)
+    partition: PartitionSpec | None = None
+    disk: DiskOptions = field(default_factory=DiskOptions)
+
+    @property
+    def partitioned(self) -> bool:
+        """Whether the rows are split among the ranks (a :attr:`partition` is given)."""
+        return self.partition is not None
 
     def check(self, names: Callable[[str], str] = _field) -> StoreSpec:
-        """This spec with its sizes in bytes, or a one-line typed error naming the field as ``names(field)``
-        spells it (a command line passes its flags).  Opens nothing."""
-        source = self.source
-        if not isinstance(source, (str, os.PathLike, torch.Tensor, FeatureStore)):
+        """This spec with its sizes in bytes, or a one-line typed error naming the field by its path
+        (``"budget.host_bytes"``) as ``names(path)`` spells it (a command line passes its flags).  A spec
+        without a source is checked as far as it goes (the rules of the source's kind wait for it).  Opens
+        nothing."""
+        source, budget = self.source, self.budget
+        for name, part in (("budget", BudgetSpec), ("disk", DiskOptions)):
+            if not isinstance(getattr(self, name), part):
+                raise TypeError(f"{names(name)} must be a {part.__name__}, not {type(getattr(self, name)).__name__}")
+        if not (self.partition is None or isinstance(self.partition, PartitionSpec)):
+            raise TypeError(f"{names('partition')} must be a PartitionSpec or None, not "
+                            f"{type(self.partition).__name__}")
+        if source is not None and not isinstance(source, (str, os.PathLike, torch.Tensor, FeatureStore)):
             raise TypeError(f"{names('source')} must be a path, a tensor or a FeatureStore, not "
                             f"{type(source).__name__}")
-        if self.disk_options and not isinstance(source, (str, os.PathLike)):
-            raise TypeError(f"disk options {sorted(self.disk_options)} apply to a path, not to a given "
+        path = isinstance(source, (str, os.PathLike))
+        if self.disk.kwargs() and source is not None and not path:
+            raise TypeError(f"disk options {sorted(self.disk.kwargs())} apply to a path, not to a given "
                             f"{type(source).__name__}")
-        sizes: dict[str, Any] = {key: check_bytes(names(key), getattr(self, key))
-                                 for key in ("gpu_bytes", "host_bytes", "shared_hot_bytes", "budget_bytes")}
+        gpu, host = (check_bytes(names(key), getattr(self, key)) for key in ("gpu_bytes", "host_bytes"))
         staging = None if self.staging_bytes is None else check_bytes(names("staging_bytes"), self.staging_bytes)
+        budget = self._checked_budget(names)
         if isinstance(self.policy, str) and self.policy not in POLICY_NAMES:
             raise ValueError(f"{names('policy')} must be one of {POLICY_NAMES}, got {self.policy!r}")
-        if self.partitioned and (self.packed or sizes["budget_bytes"] or sizes["shared_hot_bytes"]):
-            raise ValueError(f"{names('partitioned')} splits the rows among the ranks: it takes neither "
-                             f"{names('packed')}, {names('budget_bytes')} nor {names('shared_hot_bytes')}")
+        self._check_together(budget, names)
+        return dataclasses.replace(self, gpu_bytes=gpu, host_bytes=host, staging_bytes=staging, budget=budget)
+
+    def _checked_budget(self, names: Callable[[str], str]) -> BudgetSpec:
+        """The budget part with its sizes in bytes, its name and directory checked as a node budget's."""
+        from directload.budget import NodeBudget
+
+        b = self.budget
+        host = check_bytes(names("budget.host_bytes"), b.host_bytes)
+        hot = check_bytes(names("budget.shared_hot_bytes"), b.shared_hot_bytes)
+        check_int(names("budget.io_depth"), b.io_depth, low=0)
+        try:
+            NodeBudget(b.name, host_bytes=0)  # the name's own check
+        except ValueError as exc:
+            raise ValueError(f"{names('budget.name')}: {exc}") from exc
+        if b.directory is not None:
+            NodeBudget(b.name, host_bytes=0, directory=b.directory)  # the directory's own check
+        return dataclasses.replace(b, host_bytes=host, shared_hot_bytes=hot)
+
+    def _check_together(self, budget: BudgetSpec, names: Callable[[str], str]) -> None:
+        """The rules of parts that go together: the partitioned table, the packed source, the node budget."""
+        source = self.source
+        host, hot = int(budget.host_bytes), int(budget.shared_hot_bytes)
+        if self.partition is not None and (self.packed or host or hot):
+            raise ValueError(f"{names('partition')} splits the rows among the ranks: it takes neither "
+                             f"{names('packed')}, {names('budget.host_bytes')} nor {names('budget.shared_hot_bytes')}")
         if self.packed and isinstance(source, torch.Tensor):
             raise ValueError(f"{names('packed')} reads a packed disk store: the source must be its path or store")
-        if sizes["shared_hot_bytes"] and not isinstance(source, (str, os.PathLike)):
-            raise ValueError(f"{names('shared_hot_bytes')} maps the packed file's first rows: the source must be "
-                             "its path")
-        if sizes["budget_bytes"] and not self.tiers:
-            raise ValueError(f"{names('budget_bytes')} shares the host caches of tiered stores: it needs "
-                             f"{names('tiers')}")
-        if sizes["shared_hot_bytes"] and not (self.packed and self.tiers):
-            raise ValueError(f"{names('shared_hot_bytes')} keeps the packed source's hottest rows once per node: it "
-                             f"needs {names('packed')} and {names('tiers')}")
-        if sizes["shared_hot_bytes"] and sizes["budget_bytes"] and sizes["shared_hot_bytes"] >= sizes["budget_bytes"]:
-            raise ValueError(f"{names('shared_hot_bytes')} is taken out of {names('budget_bytes')}: it must be "
-                             "smaller")
-        return dataclasses.replace(self, staging_bytes=staging, **sizes)
+        if hot and source is not None and not isinstance(source, (str, os.PathLike)):
+            raise ValueError(f"{names('budget.shared_hot_bytes')} maps the packed file's first rows: the source "
+                             "must be its path")
+        if (host or budget.io_depth) and not self.tiers:
+            raise ValueError(f"{names('budget.host_bytes')} shares the host caches and disk queues of directload's "
+                             f"tiered stores: it needs {names('tiers')}")
+        if budget.io_depth and not host:
+            raise ValueError(f"{names('budget.io_depth')} is shared within a node budget: give "
+                             f"{names('budget.host_bytes')} too")
+        if hot and not (self.packed and self.tiers):
+            raise ValueError(f"{names('budget.shared_hot_bytes')} keeps the packed store's hottest rows once per "
+                             f"node: it needs {names('packed')} and {names('tiers')}")
+        if hot and host and hot >= host:
+            raise ValueError(f"{names('budget.shared_hot_bytes')} is taken out of {names('budget.host_bytes')}: it "
+                             "must be smaller")
 
+    # ------------------------------------------------------------ plain data
+    def to_dict(self) -> dict[str, Any]:
+        """This spec as JSON's types: every field, a path source as a string, each part as its own dict
+        (:meth:`from_dict` reads it back).  ``TypeError`` for a source or policy that is an object (a tensor,
+        a store, a policy instance): those are not data.
+
+        Examples
+        --------
+        >>> StoreSpec("feat.npy", host_bytes="1G", partition=PartitionSpec()).to_dict()["partition"]
+        {'timeout': 60.0}
+        """
+        source = self.source
+        if source is not None and not isinstance(source, (str, os.PathLike)):
+            raise TypeError(f"a spec over a {type(source).__name__} is not data: only a path source is written down")
+        if not isinstance(self.policy, str):
+            raise TypeError(f"a spec with a {type(self.policy).__name__} policy is not data: name the policy")
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in _PARTS:
+                value = None if value is None else value.to_dict()
+            elif f.name == "source" and value is not None:
+                value = os.fspath(value)
+            elif f.name == "device" and value is not None:
+                value = str(value)
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StoreSpec:
+        """The spec :meth:`to_dict` wrote (each part as a dict; a part left out keeps its default);
+        ``TypeError`` for a key that is no field.  Unchecked: call :meth:`check`.
+
+        Examples
+        --------
+        >>> StoreSpec.from_dict({"source": "feat.npy", "budget": {"host_bytes": 1024}}).budget
+        BudgetSpec(host_bytes=1024, io_depth=0, name='directload', shared_hot_bytes=0, hot_key=None, directory=None)
+        """
+        if not isinstance(data, Mapping):
+            raise TypeError(f"a StoreSpec is read from a mapping, not {type(data).__name__}")
+        _unknown(cls, data)
+        values = dict(data)
+        for name, part in _PARTS.items():
+            if isinstance(values.get(name), Mapping):
+                values[name] = part.from_dict(values[name])
+        return cls(**values)
+
+    # -------------------------------------------------------------- estimate
     def held_estimate(self, num_rows: int, row_nbytes: int, *, batch_rows: int, lookahead: int = 4,
                       cuda: bool | None = None) -> dict[str, int]:
         """At most the host bytes the stack :func:`open_store` makes of this spec holds
@@ -164,12 +389,12 @@ class StoreSpec:
             parts["table"] = n * rnb
         elif isinstance(spec.source, (str, os.PathLike)):
             disk = DiskStore.bytes_for(n, rnb, batch_rows=batch, renumbered=spec.packed,
-                                       **{k: v for k, v in spec.disk_options.items() if k == "staging_bytes"})
+                                       **{k: v for k, v in spec.disk.kwargs().items() if k == "staging_bytes"})
             parts["read buffers"] += disk["staging"]
             parts["bookkeeping"] += disk["bookkeeping"]
         if spec.tiers:
             host, room = int(spec.host_bytes), None
-            if spec.budget_bytes:
+            if spec.budget.host_bytes:
                 room, host = min(host or n * rnb, n * rnb), 0
             top = max(host, room or 0)
             staging = spec.staging_bytes if spec.staging_bytes is not None else (max(top // 4, 64 << 20) if top else 0)
@@ -188,118 +413,11 @@ class StoreSpec:
                 parts["GPU cache in host memory"] += got["slots"]
                 parts["read buffers"] += got["buffers"]
                 parts["bookkeeping"] += got["bookkeeping"]
-        if spec.shared_hot_bytes:
-            hot = min(int(spec.shared_hot_bytes) // max(rnb, 1), n)
+        hot_bytes = int(spec.budget.shared_hot_bytes)
+        if hot_bytes:
+            hot = min(hot_bytes // max(rnb, 1), n)
             parts["shared hot rows"] += hot * rnb
             parts["bookkeeping"] += 8 * (n + hot)
-        if spec.partitioned:
+        if spec.partition is not None:
             parts["read buffers"] += 2 * batch * rnb  # a round's rows sent and received
         return {name: nbytes for name, nbytes in parts.items() if nbytes}
-
-
-def open_store(spec: StoreSpec) -> FeatureStore:
-    """The store ``spec`` describes, opened (its :meth:`StoreSpec.check` first): close it when done (it
-    closes what it opened, never a store given as the source).
-
-    Examples
-    --------
-    >>> table = torch.arange(20.0).view(10, 2)
-    >>> with open_store(StoreSpec(table, host_bytes=32, staging_bytes=0)) as store:
-    ...     type(store).__name__, store.read([7]).tolist()
-    ('TieredStore', [[14.0, 15.0]])
-    """
-    from .disk import DiskStore
-    from .tensor import TensorStore
-
-    spec = spec.check()
-    if spec.partitioned:
-        return _partitioned(spec)
-    source = TensorStore(spec.source) if isinstance(spec.source, torch.Tensor) else spec.source
-    if not spec.tiers:
-        return DiskStore(source, **spec.disk_options) if isinstance(source, (str, os.PathLike)) else source
-    store = _tiers(spec, source, spec.disk_options)  # it owns the disk store a path opens
-    if spec.shared_hot_bytes:
-        try:
-            store = _hot_rows(spec, store)
-        except BaseException:
-            store.close()
-            raise
-    return store
-
-
-def _tiers(spec: StoreSpec, source: Any, disk_options: Mapping[str, Any]) -> FeatureStore:
-    """A :class:`~directload.stores.TieredStore` over ``source`` (a path it opens and owns, or a store)."""
-    from .disk_format import read_layout
-    from .tiered import TieredStore
-
-    host, room = int(spec.host_bytes), None
-    if spec.budget_bytes:  # the cache starts empty and grows to the share (up to host_bytes, or the table)
-        if isinstance(source, FeatureStore):
-            table = source.num_rows * source.row_nbytes
-        else:
-            layout = read_layout(source)
-            rows = disk_options.get("shape", layout.shape)[0]
-            table = rows * layout.row_nbytes
-        room, host = min(host or table, table), 0
-    device = torch.device(spec.device) if spec.device is not None else None
-    return TieredStore(source, gpu_bytes=spec.gpu_bytes, host_bytes=host, staging_bytes=spec.staging_bytes,
-                       policy=spec.policy, device=device if device is not None and device.type == "cuda" else None,
-                       host_room_bytes=room, **disk_options)
-
-
-def _hot_rows(spec: StoreSpec, store: FeatureStore) -> FeatureStore:
-    """``store`` behind the packed source's hottest rows, held once per node: the first process to get here
-    reads them, every other one maps them."""
-    from directload.shared import shared_table
-
-    from .hot import HotRowsStore
-
-    path = spec.source
-    hot_ids = store.hot_ids()
-    if hot_ids is None:
-        raise ValueError(f"{os.fspath(path)} knows no hot rows: shared hot rows need a packed disk store "
-                         "(directload.stores.renumber)")
-    n = min(int(spec.shared_hot_bytes) // max(store.row_nbytes, 1), store.num_rows)
-    st = os.stat(path)
-    key = f"{spec.shared_key or 'store'}-hot-{st.st_ino}-{st.st_mtime_ns}-{n}"
-    # The packed file's first rows are the hot ones, in hot_ids' order: copied into shared memory from a
-    # mapping of the file, a chunk at a time, never through a private copy of them all.
-    rows = shared_table(key, lambda: np.load(path, mmap_mode="r", allow_pickle=False)[:n])
-    return HotRowsStore(store, torch.as_tensor(hot_ids[:n]), rows, own=True)
-
-
-def _partitioned(spec: StoreSpec) -> FeatureStore:
-    """This rank's share of the rows in its own store, every other row from its owner by all-to-all.  Every
-    rank must open it, in the same order."""
-    import torch.distributed as dist
-
-    from directload.unified import host_of
-
-    from .disk import DiskStore
-    from .disk_format import read_layout
-    from .exchange import RowExchange
-    from .partitioned import PartitionedStore, partition_bounds
-    from .tensor import TensorStore
-
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    source = spec.source
-    if isinstance(source, FeatureStore):
-        raise TypeError("a partitioned spec takes a path or a tensor (each rank opens its own rows), not a store")
-    if isinstance(source, torch.Tensor):
-        bounds = partition_bounds(source.shape[0], world)
-        lo, hi = int(bounds[rank]), int(bounds[rank + 1])
-        local: FeatureStore = TensorStore(host_of(source)[lo:hi])  # a view: only its pages are ever touched
-    else:
-        layout = read_layout(source)
-        bounds = partition_bounds(layout.shape[0], world)
-        lo, hi = int(bounds[rank]), int(bounds[rank + 1])
-        rows = dict(dtype=layout.dtype, shape=(hi - lo, *layout.shape[1:]),
-                    offset=layout.data_offset + lo * layout.row_nbytes)  # this rank's rows of the file, raw
-        options = {**spec.disk_options, **rows}
-        local = _tiers(spec, source, options) if spec.tiers else DiskStore(source, **options)
-    try:
-        remote = RowExchange(local, bounds)
-    except BaseException:
-        local.close()
-        raise
-    return PartitionedStore(local, remote, bounds, part=rank, own=True)

@@ -8,9 +8,8 @@ from typing import TYPE_CHECKING, Any
 from directload.units import check_bytes
 
 from .base import FeatureStore
-from .cache import DeviceCache, HostCache
+from .cache import CachedStore, DeviceCache, HostCache
 from .disk import DiskStore
-from .records import TieredStats
 from .wrapper import WrapperStore
 
 if TYPE_CHECKING:
@@ -24,7 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["TieredStore"]
 
 
-class TieredStore(WrapperStore):
+class TieredStore(WrapperStore[FeatureStore]):
     """A GPU cache in front of a host cache in front of a store (a ``.npy`` file read by a
     :class:`~directload.stores.DiskStore`, or any FeatureStore), each tier present when its budget is.
 
@@ -53,8 +52,8 @@ class TieredStore(WrapperStore):
 
     Notes
     -----
-    ``tiers`` lists the stores top first; :meth:`stats` gives each tier's counters by name
-    (``"device"``, ``"host"``, ``"disk"``).
+    ``tiers`` lists the stores top first (``caches`` the caches among them); :meth:`stats` gives each tier's
+    counters by name (``"device"``, ``"host"``, ``"disk"``).  It declares ``"warm"`` and ``"resize"``.
 
     Examples
     --------
@@ -89,16 +88,19 @@ class TieredStore(WrapperStore):
             room = max(host_bytes, host_room_bytes or 0)  # a cache that may grow gets the slots of its room
             staging_bytes = max(room // 4, 64 << 20) if room else 0
         owned = None
-        chain = []
+        chain: list[FeatureStore] = []
+        caches: list[CachedStore] = []
         try:
             base = source if isinstance(source, FeatureStore) else DiskStore(source, **disk_options)
             owned = None if base is source else base
             chain.append(base)
             if host_bytes or staging_bytes or host_room_bytes:
-                chain.append(HostCache(base, host_bytes, policy, staging_bytes=staging_bytes,
-                                       room_bytes=host_room_bytes))
+                caches.append(HostCache(base, host_bytes, policy, staging_bytes=staging_bytes,
+                                        room_bytes=host_room_bytes))
+                chain.append(caches[-1])
             if gpu_bytes:
-                chain.append(DeviceCache(chain[-1], gpu_bytes, policy, device=device))
+                caches.append(DeviceCache(chain[-1], gpu_bytes, policy, device=device))
+                chain.append(caches[-1])
         except BaseException:
             for store in chain[1:][::-1]:
                 store.close()
@@ -107,7 +109,13 @@ class TieredStore(WrapperStore):
             raise
         super().__init__(chain[-1])
         self._owned = owned
-        self.tiers: list[FeatureStore] = chain[::-1]  # the caches (CachedStore), top first, then the source
+        self.tiers: list[FeatureStore] = chain[::-1]  # the caches, top first, then the source
+        self.caches: list[CachedStore] = caches[::-1]  # the caches, top first
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """``"warm"`` and ``"resize"``, and ``"stage"`` where its source declares it."""
+        return super().capabilities | {"warm", "resize"}
 
     top = property(lambda self: self.inner, doc="The top tier: every read goes through it.")
 
@@ -128,9 +136,9 @@ class TieredStore(WrapperStore):
         self.check_open()
         ids = self._warm_ids(ids)
         out, below = {}, None
-        for cache in self.tiers[-2::-1]:  # (the caches: CachedStore, which mypy cannot tell from tiers' type)
-            out[cache.tier] = cache.warm(ids, background=background, progress=progress, after=below)  # type: ignore[attr-defined]
-            below = cache.warming  # type: ignore[attr-defined]
+        for cache in self.caches[::-1]:  # the host tier first
+            out[cache.tier] = cache.warm(ids, background=background, progress=progress, after=below)
+            below = cache.warming
         return out
 
     def resize(self, *, host_bytes: int | str | None = None, gpu_bytes: int | str | None = None) -> dict[str, int]:
@@ -151,23 +159,14 @@ class TieredStore(WrapperStore):
         for tier, nbytes in (("host", host_bytes), ("device", gpu_bytes)):
             if nbytes is None:
                 continue
-            cache = next((c for c in self.tiers[:-1] if c.tier == tier), None)
+            cache = next((c for c in self.caches if c.tier == tier), None)
             if cache is None:
                 raise ValueError(f"this TieredStore has no {tier} cache to resize")
-            out[tier] = cache.resize(nbytes)  # type: ignore[attr-defined]  # (a CachedStore)
+            out[tier] = cache.resize(nbytes)
         return out
 
-    def stats(self) -> TieredStats:
-        """A :class:`~directload.stores.records.TieredStats`: ``{tier name: that tier's record}``, top first
-        (a disk's under ``"disk"``)."""
-        return TieredStats(store.stats() for store in self.tiers)
-
-    def _reset_counters(self):
-        for store in self.tiers:
-            store.reset_stats()
-
     def _close(self):
-        for store in self.tiers[:-1]:
+        for store in self.caches:
             store.close()
         if self._owned is not None:
             self._owned.close()

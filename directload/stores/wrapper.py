@@ -6,22 +6,24 @@ held memory, stats and closing all pass through by default, and :meth:`WrapperSt
 stores it wraps, so a walk over any stack (:func:`walk`: a node budget finding its host cache and disk)
 needs no knowledge of which store is which.  Parts talk through the public contract only
 (:meth:`~directload.stores.FeatureStore.check_open`, :meth:`~directload.stores.FeatureStore.held_memory`,
-:meth:`~directload.stores.FeatureStore.stats`).
+:meth:`~directload.stores.FeatureStore.stats`, :attr:`~directload.stores.FeatureStore.capabilities`).
+It is generic over its inner store: ``WrapperStore[DiskStore]`` has a ``DiskStore`` as :attr:`inner`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from .base import FeatureStore
-from .records import Stats, TieredStats
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
 
 __all__ = ["WrapperStore", "walk"]
+
+S = TypeVar("S", bound=FeatureStore)  # the inner store's type
 
 
 def walk(store: FeatureStore) -> Iterator[FeatureStore]:
@@ -39,10 +41,12 @@ def walk(store: FeatureStore) -> Iterator[FeatureStore]:
         yield from walk(child)
 
 
-class WrapperStore(FeatureStore):
+class WrapperStore(FeatureStore, Generic[S]):
     """A store in front of ``inner`` (its :meth:`children`), delegating to it by default; with ``own`` it
     closes ``inner`` when it closes.  Subclasses override what they change; one whose ids are not ``inner``'s
-    (a partition's local store) overrides the reads, staging, prefetch and hot ids.
+    (a partition's local store) overrides the reads, staging, prefetch and hot ids.  Its
+    :meth:`~directload.stores.FeatureStore.stats` are its own counters (none by default) and its
+    children's; it declares ``"stage"`` where every child does.
 
     Parameters
     ----------
@@ -66,17 +70,22 @@ class WrapperStore(FeatureStore):
 
     tier = "wrapper"
 
-    def __init__(self, inner: FeatureStore, *, own: bool = False, name: str = "inner") -> None:
+    def __init__(self, inner: S, *, own: bool = False, name: str = "inner") -> None:
         super().__init__()
         if not isinstance(inner, FeatureStore):
             raise TypeError(f"{name} must be a directload FeatureStore, not {type(inner).__name__}")
         inner.check_open()
-        self.inner = inner
+        self.inner: S = inner
         self.owns_inner = bool(own)
 
     def children(self) -> tuple[FeatureStore, ...]:
         """The stores this one reads through, top first (``(inner,)``)."""
         return (self.inner,)
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """``"stage"`` where every child declares it (a store over a collective one is collective too)."""
+        return frozenset({"stage"}) if all("stage" in c.capabilities for c in self.children()) else frozenset()
 
     # ----------------------------------------------------------------- shape
     @property
@@ -110,17 +119,6 @@ class WrapperStore(FeatureStore):
 
     def _own_memory(self):
         return tuple(m for child in self.children() for m in child.held_memory())
-
-    def stats(self) -> Stats:
-        """Every tier's record, this store's first where it counts anything (a
-        :class:`~directload.stores.records.TieredStats` over its children's tiers)."""
-        mine = super().stats()
-        below = (t for child in self.children() for t in child.stats().tiers)
-        return TieredStats([*([mine] if len(mine) else []), *below])
-
-    def _reset_counters(self):
-        for child in self.children():
-            child.reset_stats()
 
     def _close(self):
         if self.owns_inner:

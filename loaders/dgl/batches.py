@@ -24,7 +24,7 @@ from dgl.heterograph import DGLGraph
 from dgl.storages import wrap_storage
 from dgl.utils import recursive_apply, recursive_apply_pair
 
-from directload.kernels import operands
+from directload.kernels.operands import can_gather, host_of
 from directload.stores import FeatureStore, TensorStore, check_table
 
 from ..pipeline import BatchAdapter
@@ -35,19 +35,28 @@ if TYPE_CHECKING:
 
     _Table: TypeAlias = torch.Tensor | FeatureStore  # a node field's table: a tensor or a directload store
 
-__all__ = ["FeatureSource", "DGLBatches", "start_batch", "finish_batch", "input_ids", "announce", "can_gather"]
+__all__ = ["FeatureSource", "DGLBatches", "start_batch", "finish_batch", "input_ids", "announce", "serves_as_dgl"]
 
 
-def can_gather(table: object, ids: torch.Tensor, device: torch.device) -> bool:
-    """Whether directload's kernels serve ``table[ids]`` onto ``device`` exactly as DGL would.  Pure.
+def serves_as_dgl(table: object, ids: torch.Tensor, device: torch.device) -> bool:
+    """Whether directload serves ``table[ids]`` onto ``device`` exactly as DGL would.  Pure.
 
-    Yes for a contiguous tensor of 1/2/4/8-byte elements that needs no
-    autograd (a gather carries no history, where DGL's ``index_select`` does),
-    read with CPU ids from host memory, or with CUDA ids (or for a CUDA
-    ``device``) from pinned, unified or same-device CUDA memory.
+    Yes where the kernels take the table (:func:`directload.kernels.operands.can_gather`: a contiguous tensor
+    of 1/2/4/8-byte elements, a unified tensor by its host tensor) and it needs no autograd (a gather carries
+    no history, where DGL's ``index_select`` does), read with CPU ids from host memory, or with CUDA ids (or
+    for a CUDA ``device``) from pinned, unified or same-device CUDA memory.
+
+    Examples
+    --------
+    >>> import torch
+    >>> cpu = torch.device("cpu")
+    >>> serves_as_dgl(torch.zeros(4, 3), torch.tensor([1]), cpu)
+    True
+    >>> serves_as_dgl(torch.zeros(4, 3, requires_grad=True), torch.tensor([1]), cpu)  # DGL's rows keep history
+    False
     """
     unified = getattr(table, "is_unified", False)
-    if not isinstance(table, torch.Tensor) or table.requires_grad or not operands.can_gather(operands.host_of(table)):
+    if not isinstance(table, torch.Tensor) or table.requires_grad or not can_gather(host_of(table)):
         return False
     gpu = ids.is_cuda or device.type == "cuda"
     if table.is_cuda:
@@ -133,7 +142,7 @@ class FeatureSource:
         table = self.table(key, ntype)
         if isinstance(table, FeatureStore):
             return _StoreStorage(table)
-        if can_gather(table, ids, self.loader.device):
+        if serves_as_dgl(table, ids, self.loader.device):
             return _StoreStorage(TensorStore(table))  # wrapped per batch: the table as it is now
         if key in self.features:
             return wrap_storage(table)

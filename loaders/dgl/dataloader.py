@@ -13,7 +13,7 @@ import torch
 from dgl.dataloading.dataloader import CollateWrapper
 
 from directload.capabilities import NoDeviceError, usable_device
-from directload.errors import DirectloadError
+from directload.errors import DirectloadError, SamplerWarning
 from directload.units import check_int
 
 from ..pipeline import (
@@ -186,15 +186,15 @@ def resolve_sampler(sampler: str | None, graph_sampler: dgl.dataloading.Sampler,
     custom = _customised(graph_sampler)
     if custom is not None:
         warnings.warn(f"{custom}: DGL's sampler path runs; directload's sampler replaces only DGL's own "
-                      "NeighborSampler", UserWarning, stacklevel=3)
+                      "NeighborSampler", SamplerWarning, stacklevel=3)
         return graph_sampler
     if not isinstance(graph_sampler, dgl.dataloading.NeighborSampler):
         warnings.warn(f"directload's sampler replaces DGL's NeighborSampler only, not {type(graph_sampler).__name__}"
-                      ": the graph sampler given runs", UserWarning, stacklevel=3)
+                      ": the graph sampler given runs", SamplerWarning, stacklevel=3)
         return graph_sampler
     if use_uva:
         warnings.warn("directload's sampler does not implement use_uva=True: DGL's own sampler runs instead",
-                      UserWarning, stacklevel=3)
+                      SamplerWarning, stacklevel=3)
         return graph_sampler
     return NeighborSampler.from_dgl(graph_sampler)
 

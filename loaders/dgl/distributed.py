@@ -17,6 +17,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -24,7 +25,7 @@ import torch
 
 from directload.capabilities import require
 from directload.errors import DirectloadError
-from directload.stores import DiskStore, FeatureStore, PartitionedStore, TensorStore
+from directload.stores import DiskOptions, FeatureStore, PartitionedStore, StoreSpec, open_store
 from directload.stores.partitioned import owners
 from directload.stores.remote import KVStoreRows, RemoteReadError, RemoteStore
 
@@ -67,7 +68,7 @@ class ServiceIdError(DirectloadError, RuntimeError):
 
 # The RPC service.  A server process calls serve_features(path) before dgl.distributed.initialize; the
 # request then runs in that server and reads its machine's store.
-_served: dict[int, DiskStore] = {}
+_served: dict[int, FeatureStore] = {}
 
 
 class _RowsRequest(rpc.Request):
@@ -119,10 +120,11 @@ def check_service() -> None:
                              f"{rpc.SERVICE_ID_TO_PROPERTY.get(SERVICE_ID, (None,))[0]!r} during initialize")
 
 
-def serve_features(config: os.PathLike[str] | str, part: int, **store_kw: Any) -> DiskStore:
-    """In a server process: register the service and open partition ``part``'s disk store for it."""
+def serve_features(config: os.PathLike[str] | str, part: int, **disk_options: Any) -> FeatureStore:
+    """In a server process: register the service and open partition ``part``'s disk store for it
+    (:func:`~directload.stores.open_store`, with ``disk_options``: :class:`~directload.stores.DiskOptions`)."""
     register_service()
-    _served[int(part)] = DiskStore(store_path(config, part), **store_kw)
+    _served[int(part)] = open_store(StoreSpec(store_path(config, part), tiers=False, disk=DiskOptions(**disk_options)))
     return _served[int(part)]
 
 
@@ -210,6 +212,7 @@ class DistFeatures(PartitionedStore):
     Examples
     --------
     >>> table = torch.arange(12.0).view(6, 2)
+    >>> from directload.stores import TensorStore
     >>> x = DistFeatures(TensorStore(table[3:].clone()), TensorStore(table), [0, 3, 6], part=1)
     >>> x[torch.tensor([5, 0])].tolist(), x[1:3].tolist(), x.shape, len(x)
     ([[10.0, 11.0], [0.0, 1.0]], [[2.0, 3.0], [4.0, 5.0]], (6, 2), 6)
@@ -220,7 +223,8 @@ class DistFeatures(PartitionedStore):
 
 
 def dist_features(g: DistGraph, config: os.PathLike[str] | str, *, name: str = "feat",
-                  ntype: str | None = None, local: FeatureStore | None = None, timeout: float = 120.0) -> DistFeatures:
+                  ntype: str | None = None, local: FeatureStore | StoreSpec | None = None,
+                  timeout: float = 120.0) -> DistFeatures:
     """The features of the ``DistGraph`` ``g`` as one directload store: this machine's rows from ``local``,
     the others through DGL.
 
@@ -231,8 +235,10 @@ def dist_features(g: DistGraph, config: os.PathLike[str] | str, *, name: str = "
     server holds it in shared memory (``DistTensor.local_partition``, no copy) and other machines' rows come
     through DGL's KVStore; the bounds are those of DGL's config.  With features on disk, ``local`` defaults
     to this machine's disk store, and other machines' rows come from their servers through directload's RPC
-    service (:func:`register_service` before ``initialize``).  Pass any directload store over this machine's
-    rows as ``local`` (a ``TieredStore`` over the disk store, a unified tensor's ``TensorStore``).
+    service (:func:`register_service` before ``initialize``).  ``local`` may describe the stack over this
+    machine's rows as a :class:`~directload.stores.StoreSpec` without a source (``StoreSpec(host_bytes="1G")``:
+    a host cache in front of them), opened over them by :func:`~directload.stores.open_store`, or be any
+    directload store over them (a unified tensor's ``TensorStore``); either way the features close it.
 
     Parameters
     ----------
@@ -243,7 +249,9 @@ def dist_features(g: DistGraph, config: os.PathLike[str] | str, *, name: str = "
         The node field.
     ntype : str, optional
         The node type, on a graph with several (``g.nodes[ntype].data[name]``).
-    local : FeatureStore, optional
+    local : FeatureStore or StoreSpec, optional
+        This machine's rows: a store over them, or the spec of the stack to open over them (its source
+        left None); default ``StoreSpec(tiers=False)``, the rows alone.
     timeout : float
         Seconds a remote read through directload's RPC service may take.
 
@@ -276,15 +284,23 @@ def dist_features(g: DistGraph, config: os.PathLike[str] | str, *, name: str = "
     if ntype is not None and ntype not in meta["node_bounds"]:
         raise KeyError(f"{ntype!r} is not a node type of the partitions (they have {types})")
     bounds = meta["node_bounds"][ntype or types[0]]
+    spec = local if isinstance(local, StoreSpec) else StoreSpec(tiers=False)
+    tensor = None
     if meta["features"] == "memory":
         tensor = g.ndata[name] if ntype is None else g.nodes[ntype].data[name]
-        local = local if local is not None else TensorStore(tensor.local_partition[:bounds[part + 1] - bounds[part]])
-        remote: RemoteStore = KVStoreRows(tensor)
+        source: Any = tensor.local_partition[:bounds[part + 1] - bounds[part]]  # the server's shared memory
     else:
         check_service()
-        local = local if local is not None else DiskStore(store_path(meta["config"], part))
-        remote = ServedRows(bounds, local.row_shape, local.dtype, timeout=timeout)
-    return DistFeatures(local, remote, bounds, part=part, own=True)
+        source = store_path(meta["config"], part)
+    rows = local if isinstance(local, FeatureStore) else open_store(replace(spec, source=source))
+    try:
+        remote: RemoteStore = KVStoreRows(tensor) if tensor is not None else \
+            ServedRows(bounds, rows.row_shape, rows.dtype, timeout=timeout)
+        return DistFeatures(rows, remote, bounds, part=part, own=True)
+    except BaseException:
+        if rows is not local:  # what this opened; a store given is the caller's
+            rows.close()
+        raise
 
 
 class DistBatches(BatchAdapter):
@@ -297,6 +313,7 @@ class DistBatches(BatchAdapter):
 
     Examples
     --------
+    >>> from directload.stores import TensorStore
     >>> table = TensorStore(torch.arange(8.0).view(4, 2))
     >>> epoch, adapter = dist_epoch([(torch.tensor([3, 0]), "seeds", "blocks")], table, lookahead=2)
     >>> [(seeds, x.tolist()) for _, seeds, _, x in epoch], len(adapter.fetch_ms)

@@ -14,6 +14,7 @@ import dgl
 import torch
 from dgl.dataloading import BlockSampler
 
+from directload.errors import SamplerWarning
 from directload.graph import CSCGraph
 from directload.sampler import HeteroNeighborSampler, check_fanouts, generator_from, generator_state
 from directload.sampler import NeighborSampler as _Sampler
@@ -428,4 +429,4 @@ output_device, fused
         if reason not in self._warned:
             self._warned.add(reason)
             warnings.warn(f"directload's sampler does not implement {reason}: DGL's own sampler runs instead",
-                          UserWarning, stacklevel=3)
+                          SamplerWarning, stacklevel=3)

@@ -15,6 +15,7 @@ from torch_geometric.sampler import BaseSampler
 from torch_geometric.sampler import NeighborSampler as PygNeighborSampler
 
 import directload
+from directload.errors import SamplerWarning
 from directload.kernels.operands import can_gather
 from directload.units import check_int
 
@@ -279,13 +280,13 @@ def resolve_sampler(sampler: str | None, options: Mapping[str, Any]) -> str:
     user = options.get("neighbor_sampler")
     if user is not None:
         if not isinstance(user, NeighborSampler):
-            warnings.warn(f"{describe_sampler(user)} runs instead of directload's sampler", UserWarning,
+            warnings.warn(f"{describe_sampler(user)} runs instead of directload's sampler", SamplerWarning,
                           stacklevel=4)
         return "pyg"
     missing = unsupported_options(**options)
     if missing:
         warnings.warn(f"directload's sampler does not implement {', '.join(missing)}: PyG's own sampler runs "
-                      "instead", UserWarning, stacklevel=4)
+                      "instead", SamplerWarning, stacklevel=4)
         return "pyg"
     return "directload"
 
@@ -331,7 +332,7 @@ _NOTED: set[str] = set()
 def _note_once(message):
     if message not in _NOTED:
         _NOTED.add(message)
-        warnings.warn(message, UserWarning, stacklevel=5)
+        warnings.warn(message, SamplerWarning, stacklevel=5)
 
 
 def _check_sampler():

@@ -31,6 +31,7 @@ def _python(*args, **kw):
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=300, **kw)
 
 
+@pytest.mark.one_lane("pyg")  # a whole-process run: torch's version does not change it
 @pytest.mark.parametrize("script", CHANGED)
 def test_help_of_every_changed_script(script):
     proc = _python(str(BENCH / script), "--help")
@@ -38,6 +39,7 @@ def test_help_of_every_changed_script(script):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.one_lane("pyg")  # a whole-process run: torch's version does not change it
 def test_bench_gpu_help_through_the_command_line():
     proc = _python("-m", "directload", "bench", "gpu", "--help")
     assert proc.returncode == 0 and proc.stdout.startswith("usage: gpu_suite.py"), proc.stderr[-2000:]
@@ -45,6 +47,7 @@ def test_bench_gpu_help_through_the_command_line():
         assert option in proc.stdout
 
 
+@pytest.mark.one_lane("pyg")  # a whole-process run: torch's version does not change it
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
 @pytest.mark.parametrize("script", ["gpu_suite.py", "table_size_sweep.py", "tuner_check.py"])
 def test_gpu_only_scripts_say_there_is_no_gpu_and_measure_nothing(script):
@@ -116,6 +119,7 @@ def test_step_budgets_share_the_section(bench):
     assert sum(b for _, b in shares) == pytest.approx(100)
 
 
+@pytest.mark.one_lane("pyg")  # a whole-process run: torch's version does not change it
 def test_plan_prints_through_the_command_line():
     proc = _python(str(BENCH / "gpu_suite.py"), "--plan", "--quick", "--budget-s", "200")
     assert proc.returncode == 0, proc.stderr

@@ -1,4 +1,4 @@
-"""``kernels.api``'s GPU launch path with the Numba kernels on the CUDA simulator: rows of 0 bytes still have their
+"""``kernels.gpu_path``'s GPU launch path with the Numba kernels on the CUDA simulator: rows of 0 bytes still have their
 ids checked (``check_clamp`` stamps the error word), and ``x[idx]`` ids below ``-n``, shifted on the device, are
 reported as given; both in the CPU path's words."""
 
@@ -10,7 +10,7 @@ import torch
 
 import directload
 from directload import unified
-from directload.kernels import api, bounds, gather, numba_cuda
+from directload.kernels import bounds, gather, gpu_path, numba_cuda
 from directload.kernels.variants import Variant
 
 
@@ -45,12 +45,12 @@ def _error(run):
 def test_zero_byte_rows_check_their_ids(table_of, index_dtype):
     src = torch.empty(10, 0)
     table = table_of(src)
-    assert api._launch_gpu(table, torch.tensor([9, 0], dtype=index_dtype), torch.empty(2, 0), None).wait().shape == \
+    assert gpu_path.start(table, torch.tensor([9, 0], dtype=index_dtype), torch.empty(2, 0), None).wait().shape == \
         (2, 0)
     ids = torch.tensor([3, 10, -1], dtype=index_dtype)
     on_cpu = _error(lambda: gather(src, ids))
     assert on_cpu == "index 10 is out of range for 10 rows (valid 0..9) (at position 1)"
-    assert _error(api._launch_gpu(table, ids, torch.empty(3, 0), None).wait) == on_cpu
+    assert _error(gpu_path.start(table, ids, torch.empty(3, 0), None).wait) == on_cpu
 
 
 @pytest.mark.parametrize("variant", [Variant("rowvec", 16, 4), Variant("naive"), Variant("aligned", sorted=True)],
@@ -62,6 +62,6 @@ def test_ids_below_minus_n_are_reported_as_given(table_of, variant):
     assert on_cpu == "index -13 is out of range for 10 rows (valid -10..9) (at position 2)"
     out = torch.full((4, 4), float("nan"))
     with bounds.ids_from_end():
-        future = api._launch_gpu(table_of(src), unified._shift_from_end(ids, 10), out, variant)
+        future = gpu_path.start(table_of(src), unified._shift_from_end(ids, 10), out, variant)
     assert _error(future.wait) == on_cpu
     assert torch.equal(out[:2], src[[9, 2]])

@@ -121,6 +121,7 @@ def _generate(root, queue):
         queue.put(repr(exc))
 
 
+@pytest.mark.one_lane("dgl")  # a whole-process run: torch's version does not change it
 @pytest.mark.ogb
 def test_two_concurrent_generations_do_not_corrupt_each_other(tmp_path):
     ctx = mp.get_context("spawn")

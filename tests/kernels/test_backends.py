@@ -22,6 +22,26 @@ def test_every_backend_exports_the_same_launch_signature():
         api.launcher("opencl")
 
 
+def test_one_registry_serves_the_gather_and_the_tiered_gather():
+    """kernels.registry names every backend's module once; the plain and the tiered gather both look their
+    launches up there, and every module exports both with one signature each."""
+    from directload.kernels import cupy_backend, numba_cuda, registry, tiered
+
+    modules = {"cpu": cpu, "numba_cuda": numba_cuda, "cupy": cupy_backend}
+    assert {name: registry.backend_module(name) for name in registry.BACKEND_MODULES} == modules
+    assert set(registry.BACKENDS) == {"auto", *modules}
+    want = inspect.signature(cpu.launch_tiered)
+    assert list(want.parameters) == ["cache", "flat", "where", "out", "aligned", "stream"]
+    for name, module in modules.items():
+        assert inspect.signature(module.launch_tiered) == want, name
+        assert registry.tiered_launcher(name) is module.launch_tiered and tiered.tiered_launcher(name) is \
+            module.launch_tiered
+        assert registry.launcher(name) is module.launch
+    assert registry.choose_backend("auto", False, "host") == "cpu"
+    with pytest.raises(ValueError, match="backend 'cupy' needs a CUDA index"):
+        registry.choose_backend("cupy", False, "mapped")
+
+
 @pytest.mark.parametrize("n", [300, 3000], ids=["serial", "team"])
 @pytest.mark.parametrize("aligned", [True, False])
 def test_cpu_launch_takes_tensors_or_arrays_and_flags_the_first_bad_index(n, aligned, rng):

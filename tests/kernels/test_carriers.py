@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from directload.kernels import api, cpu, interop, nvrtc, tiered
+from directload.kernels import cpu_kernels, interop, nvrtc, views
 from directload.kernels.carriers import CARRIERS, ELEMENT_SIZES
 
 
@@ -17,9 +17,9 @@ def test_each_carrier_is_its_element_size_in_every_language():
 
 
 def test_every_backend_reads_the_same_table():
-    assert {s: str(t).removeprefix("torch.") for s, t in api._CARRIER.items()} == \
+    assert {s: str(t).removeprefix("torch.") for s, t in views.TORCH_CARRIERS.items()} == \
         {s: CARRIERS[s].torch for s in ELEMENT_SIZES}
-    assert {s: np.dtype(t).name for s, t in cpu._NP_CARRIER.items()} == {s: CARRIERS[s].numpy for s in ELEMENT_SIZES}
+    assert {s: np.dtype(t).name for s, t in cpu_kernels.NP_CARRIER.items()} == \
+        {s: CARRIERS[s].numpy for s in ELEMENT_SIZES}
     assert interop._TYPESTR == {s: c.typestr for s, c in CARRIERS.items()}
-    assert tiered._CARRIER == api._CARRIER
     assert nvrtc.ELEM_TYPES == {s: c.cxx for s, c in CARRIERS.items()}

@@ -10,10 +10,10 @@ import pytest
 import torch
 from conftest import assert_gathers, random_table
 
-from directload.kernels import cpu, gather
-from directload.kernels.api import _views
+from directload.kernels import cpu, cpu_launch, gather
+from directload.kernels.cpu_path import _views
 
-TEAMS = ["torch", "numba"] if cpu._torch_openmp() is not None else ["numba"]
+TEAMS = ["torch", "numba"] if cpu_launch._torch_openmp() is not None else ["numba"]
 
 
 @pytest.fixture(params=TEAMS)
@@ -26,7 +26,7 @@ def team(request):
 
 def test_torch_team_is_the_default_on_linux_with_openmp_torch():
     assert "OpenMP" in torch.__config__.parallel_info()
-    assert cpu._torch_openmp() is not None  # the stack we pin always has it
+    assert cpu_launch._torch_openmp() is not None  # the stack we pin always has it
     assert cpu.team() == "torch"
     assert cpu.get_num_threads() == torch.get_num_threads()
 
@@ -178,10 +178,10 @@ def test_gather_in_a_forked_child_runs_serially_instead_of_hanging(team_name, rn
 def test_team_from_the_environment(monkeypatch):
     before = cpu.team()
     try:
-        monkeypatch.setattr(cpu, "_team", None)
+        monkeypatch.setattr(cpu_launch, "_team", None)
         monkeypatch.setenv("DIRECTLOAD_CPU_TEAM", "numba")
         assert cpu.team() == "numba" and cpu.get_num_threads() == __import__("numba").get_num_threads()
-        monkeypatch.setattr(cpu, "_team", None)
+        monkeypatch.setattr(cpu_launch, "_team", None)
         monkeypatch.setenv("DIRECTLOAD_CPU_TEAM", "openmp")
         with pytest.raises(ValueError, match="team must be"):
             cpu.team()

@@ -98,23 +98,13 @@ def test_index_on_another_cuda_device_than_src_raises():
 
 
 def test_vector_units_rule():
-    from directload.kernels.api import vector_units
+    from directload.kernels.variants import vector_units
 
     assert vector_units(400, 0x1000, 0x2040)
     assert not vector_units(404, 0x1000, 0x2040)  # rows end off a 16-byte boundary
     assert not vector_units(400, 0x1008, 0x2000)  # src
     assert not vector_units(400, 0x1000, 0x2004)  # out
     assert not vector_units(0, 0, 0)
-
-
-def test_16_byte_unit_view_carries_the_same_bits():
-    from directload.kernels.api import _gpu_bits
-
-    t = torch.randn(10, 12)
-    v = _gpu_bits(t, 10, True)
-    assert v.dtype == torch.complex128 and v.shape == (10, 3) and v.data_ptr() == t.data_ptr()
-    assert torch.equal(v.view(torch.uint8), t.view(torch.uint8).reshape(10, 48))
-    assert _gpu_bits(t, 10, False).dtype == torch.int32
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["first-call", "cached-views"])

@@ -1,6 +1,6 @@
 """CUDA ids are checked on the GPU path as on the CPU, in the same words: rows of 0 bytes (nothing to move, the ids
 still checked by the kernels' ``check_clamp``), and ``x[idx]`` ids below ``-n`` (shifted on the device, reported as
-given).  Without a GPU, ``kernels.api``'s own launch path runs over a table whose kernels are gather.cu's, emulated
+given).  Without a GPU, ``kernels.gpu_path``'s own launch path runs over a table whose kernels are gather.cu's, emulated
 on the CPU by g++ (:mod:`kernels.host_emu`), and whose error word is plain memory; the GPU tests run the real
 thing where a device is present."""
 
@@ -13,7 +13,7 @@ import torch
 
 import directload
 from directload import unified
-from directload.kernels import api, bounds, gather, host_emu
+from directload.kernels import bounds, gather, gather_async, gpu_path, host_emu
 from directload.kernels.variants import Variant
 
 
@@ -22,7 +22,7 @@ class _Stream:
 
 
 def _emulated_table(src, word):
-    """What ``kernels.api`` reads of a :class:`~kernels.gpu_path.GpuTable` over ``src`` (a CPU tensor), its two
+    """What ``kernels.gpu_path`` reads of a :class:`~kernels.gpu_path.GpuTable` over ``src`` (a CPU tensor), its two
     launches gather.cu's kernels under host emulation, stamping ``word`` (a DeviceBounds)."""
     err = word.word.numpy().view(np.uint64)
     table = src.numpy()
@@ -51,7 +51,7 @@ def _emulated_table(src, word):
 
 @pytest.fixture
 def emulated(monkeypatch):
-    """``kernels.api``'s GPU launch over emulated tables: the current stream and device are the fake ones."""
+    """``kernels.gpu_path``'s GPU launch over emulated tables: the current stream and device are the fake ones."""
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     word = bounds.DeviceBounds(torch.zeros(1, dtype=torch.int64))  # plain memory stands in for the pinned word
@@ -71,14 +71,14 @@ def test_zero_byte_rows_check_their_ids_on_the_gpu_path_as_on_the_cpu(emulated, 
     table = emulated(src)
     good = torch.tensor([9, 0, 9], dtype=index_dtype)
     out = torch.empty((3, *row_shape))
-    future = api._launch_gpu(table, good, out, None)
+    future = gpu_path.start(table, good, out, None)
     assert future.wait() is out and out.shape == (3, *row_shape) and out.dtype == src.dtype
     assert int(table.bounds.word[0]) == 0  # a good launch leaves the word alone
     for bad in ([0, 10, 3], [-1], [2, 2, 11, -4]):
         ids = torch.tensor(bad, dtype=index_dtype)
         on_cpu = _error(lambda ids=ids: gather(src, ids))
         out = torch.empty((len(bad), *row_shape))
-        future = api._launch_gpu(table, ids, out, None)  # what gather runs for CUDA ids: stamped, not raised yet
+        future = gpu_path.start(table, ids, out, None)  # what gather runs for CUDA ids: stamped, not raised yet
         assert _error(future.wait) == on_cpu  # the same words, position and value
         position = next(i for i, v in enumerate(bad) if not 0 <= v < 10)
         assert on_cpu == f"index {bad[position]} is out of range for 10 rows (valid 0..9) (at position {position})"
@@ -88,10 +88,10 @@ def test_zero_byte_rows_of_a_gpu_path_are_reported_by_the_next_gather_too(emulat
     """As for any CUDA gather: the error word holds the stamp until someone reports it."""
     src = torch.empty(4, 0)
     table = emulated(src)
-    api._launch_gpu(table, torch.tensor([1, 4]), torch.empty(2, 0), None)  # not waited for
-    assert _error(lambda: api._launch_gpu(table, torch.tensor([0]), torch.empty(1, 0), None)) == \
+    gpu_path.start(table, torch.tensor([1, 4]), torch.empty(2, 0), None)  # not waited for
+    assert _error(lambda: gpu_path.start(table, torch.tensor([0]), torch.empty(1, 0), None)) == \
         "index 4 is out of range for 4 rows (valid 0..3) (at position 1)"
-    api._launch_gpu(table, torch.tensor([3]), torch.empty(1, 0), None).wait()  # reported once
+    gpu_path.start(table, torch.tensor([3]), torch.empty(1, 0), None).wait()  # reported once
 
 
 @pytest.mark.parametrize("given", [[0, -3, -13, 12], [-11], [4, 10, -10], [-21, -1]], ids=str)
@@ -108,7 +108,7 @@ def test_ids_below_minus_n_on_the_gpu_path_are_reported_as_given_in_the_cpu_word
     table = emulated(src)
     out = torch.full((len(given), 4), float("nan"))
     with bounds.ids_from_end():
-        future = api._launch_gpu(table, unified._shift_from_end(ids, 10), out, Variant("rowvec", 16, 4))
+        future = gpu_path.start(table, unified._shift_from_end(ids, 10), out, Variant("rowvec", 16, 4))
     assert _error(future.wait) == on_cpu
     good = [i for i, v in enumerate(given) if -10 <= v < 10]
     assert torch.equal(out[good], src[ids[good]])  # the good ids read their rows, counted from the end
@@ -117,7 +117,7 @@ def test_ids_below_minus_n_on_the_gpu_path_are_reported_as_given_in_the_cpu_word
 def test_ids_of_other_launches_keep_the_plain_message(emulated):
     """Outside ``ids_from_end`` a negative id is out of range (``valid 0..n-1``), as gather's contract says."""
     table = emulated(torch.zeros(10, 4))
-    future = api._launch_gpu(table, torch.tensor([-1]), torch.empty(1, 4), Variant("rowvec", 16, 4))
+    future = gpu_path.start(table, torch.tensor([-1]), torch.empty(1, 4), Variant("rowvec", 16, 4))
     assert _error(future.wait) == "index -1 is out of range for 10 rows (valid 0..9) (at position 0)"
 
 
@@ -151,4 +151,4 @@ def test_on_a_gpu_zero_byte_rows_check_their_ids():
     src = torch.empty(10, 0).pin_memory()
     ids = torch.tensor([0, 10])
     on_cpu = _error(lambda: gather(src, ids))
-    assert _error(lambda: api.gather_async(src, ids.cuda()).check()) == on_cpu
+    assert _error(lambda: gather_async(src, ids.cuda()).check()) == on_cpu

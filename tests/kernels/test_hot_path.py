@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from directload import unified
-from directload.kernels import api, bounds, gather, gather_async, gpu_path
+from directload.kernels import api, bounds, futures, gather, gather_async, gpu_path, operands
 from directload.stores import tensor as tensor_store
 
 # Every function a CUDA gather runs through on the way to its launch, and the future's wait/done.
 HOT = [
-    api.gather, api.gather_async, api._gather_gpu_fast, api._launch_gpu, api._start_gpu, api._check_ids_gpu,
-    api._auto_backend, api._check_index,
-    api.GatherFuture.wait, api.GatherFuture.done,
+    api.gather, api.gather_async, gpu_path.gather_fast, gpu_path.start, gpu_path._start_on, gpu_path._check_ids,
+    gpu_path._auto_backend, operands.as_index,
+    futures.GatherFuture.wait, futures.GatherFuture.wait_in_order, futures.GatherFuture.done,
     gpu_path.cached_table, gpu_path.table_for, gpu_path.launch, gpu_path.as_variant, gpu_path.GpuTable.matches,
     gpu_path.GpuTable.variant_for,
     bounds.bounds_for, bounds.DeviceBounds.stamp, bounds.DeviceBounds.raise_pending, bounds.DeviceBounds.raise_for,

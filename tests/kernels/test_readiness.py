@@ -46,8 +46,8 @@ def test_gathers_before_the_load_are_index_selects_with_the_kernels_bits_and_err
 def test_the_kernel_loads_once_index_select_gathers_took_long_enough():
     out = run("""
         import time, torch
-        from directload.kernels import cpu, gather
-        cpu.LOAD_AFTER_S = 0.05
+        from directload.kernels import cpu, cpu_path, gather
+        cpu_path.LOAD_AFTER_S = 0.05
         table, idx = torch.randn(100000, 64), torch.randint(0, 100000, (50000,))
         while not cpu.ready(True, 4, 8):
             gather(table, idx)
@@ -61,8 +61,8 @@ def test_the_kernel_loads_once_index_select_gathers_took_long_enough():
 def test_a_forked_child_that_inherited_no_kernel_never_loads_one():
     out = run("""
         import os, threading, torch
-        from directload.kernels import cpu, gather
-        cpu.LOAD_AFTER_S = 0.0
+        from directload.kernels import cpu, cpu_path, gather
+        cpu_path.LOAD_AFTER_S = 0.0
         table, idx = torch.randn(1000, 8), torch.randint(0, 1000, (3000,))
         pid = os.fork()
         if pid == 0:
@@ -77,18 +77,18 @@ def test_a_forked_child_that_inherited_no_kernel_never_loads_one():
 
 def test_a_failed_load_is_tried_again_by_the_next_prepare():
     out = run("""
-        from directload.kernels import cpu
+        from directload.kernels import cpu, cpu_kernels, cpu_path
         calls = []
 
         def failing(*args):
             calls.append(args)
             raise RuntimeError("no kernel today")
 
-        key = cpu._ready_key(True, 2, 8)
+        key = cpu_path._ready_key(True, 2, 8)
         if key[0] == "torch":
-            cpu._team_kernel = failing
+            cpu_kernels.team_kernel = failing
         else:
-            cpu._KERNELS = {k: failing for k in cpu._KERNELS}
+            cpu_kernels.KERNELS = {k: failing for k in cpu_kernels.KERNELS}
         for _ in range(2):
             try:
                 cpu.prepare((2,), (8,), background=False)
@@ -96,7 +96,7 @@ def test_a_failed_load_is_tried_again_by_the_next_prepare():
                 assert str(exc) == "no kernel today"
             else:
                 raise AssertionError("the failing load did not raise")
-        assert len(calls) == 2 and not cpu.ready(True, 2, 8) and key not in cpu._loading
+        assert len(calls) == 2 and not cpu.ready(True, 2, 8) and key not in cpu_path._loading
         print("ok")
     """)
     assert out.strip() == "ok"

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from directload.kernels import host_emu
+from directload.kernels import gather, host_emu
 from directload.kernels.indexing import LINE, tier_row
 from directload.kernels.pcie_model import count_tiered
 from directload.kernels.tiered import check_where, fill_slots, flat_where, gather_tiered
@@ -102,7 +102,7 @@ def test_bad_arguments_are_typed_errors():
         gather_tiered(cache, flat, torch.tensor([0], dtype=torch.int32))
     with pytest.raises(ValueError, match="one dtype"):
         gather_tiered(cache, flat.double(), torch.tensor([0]))
-    with pytest.raises(ValueError, match="out must be"):
+    with pytest.raises(ValueError, match=r"^out has shape \(2, 3\), expected \(1, 3\)$"):
         gather_tiered(cache, flat, torch.tensor([0]), out=torch.zeros(2, 3))
     with pytest.raises(TypeError, match="torch.Tensor"):
         gather_tiered(cache, flat.numpy(), torch.tensor([0]))
@@ -110,6 +110,28 @@ def test_bad_arguments_are_typed_errors():
     with pytest.raises(ValueError, match="out shares memory with flat"):
         gather_tiered(cache, flat, torch.tensor([-1]), out=flat[10:13].view(1, 3))
     assert torch.equal(flat, torch.arange(30.0))
+
+
+def test_the_tiered_gather_refuses_what_the_plain_gather_refuses_in_its_words():
+    """One home for the checks (kernels.operands): the tiered gather's arguments get the plain gather's errors,
+    and memory no kernel can address is refused before any work (a meta cache used to reach the kernel)."""
+    cache, flat, where = torch.zeros(4, 3), torch.zeros(30), torch.tensor([0, -1])
+    with pytest.raises(ValueError, match="^cache is on the meta device, which holds no data"):
+        gather_tiered(torch.zeros(4, 3, device="meta"), flat, where)
+    with pytest.raises(TypeError, match="^flat must be a dense tensor"):
+        gather_tiered(cache, flat.to_sparse(), where)
+    with pytest.raises(TypeError, match=r"^cache elements must be 1, 2, 4 or 8 bytes, got torch.complex128 \(16 B\)$"):
+        gather_tiered(cache.to(torch.complex128), flat.to(torch.complex128), where)
+    with pytest.raises(TypeError, match="^out must be a torch.Tensor, got ndarray$"):
+        gather_tiered(cache, flat, where, out=np.zeros((2, 3), np.float32))
+    with pytest.raises(TypeError, match="^out has dtype torch.float64, expected torch.float32$"):
+        gather_tiered(cache, flat, where, out=torch.zeros(2, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="^out must be contiguous$"):
+        gather_tiered(cache, flat, where, out=torch.zeros(3, 2).t())
+    with pytest.raises(ValueError, match="^out shares memory with cache: a gather cannot write where it reads"):
+        gather_tiered(cache, flat, where, out=cache[:2])
+    with pytest.raises(TypeError, match="^out must be a torch.Tensor, got ndarray$"):  # the plain gather's words
+        gather(cache, torch.tensor([0, 1]), out=np.zeros((2, 3), np.float32))
 
 
 @pytest.mark.parametrize("row_bytes, elem", [(4, 4), (44, 4), (400, 4), (1024, 2), (602, 1), (4096, 8)])

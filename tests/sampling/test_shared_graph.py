@@ -201,6 +201,7 @@ def test_a_reader_arriving_between_parts_waits_for_the_whole_graph(shm, key, tmp
     assert g.weights is not None and g.eids is not None
 
 
+@pytest.mark.one_lane("dgl")  # a whole-process run: torch's version does not change it
 def test_one_deadline_covers_every_part(shm, key, tmp_path, procs):
     # each part takes the writer 1 s, less than the timeout; the whole graph takes 4 s, more than it
     marker = str(tmp_path / "mark")
@@ -236,6 +237,7 @@ def test_a_frozen_writer_is_a_timeout_naming_its_pid(shm, key, tmp_path, procs):
     assert _ours(shm, key) == []
 
 
+@pytest.mark.one_lane("dgl")  # a whole-process run: torch's version does not change it
 def test_a_writer_killed_before_publishing_is_a_timeout_naming_its_pid(shm, key, tmp_path, procs):
     marker = str(tmp_path / "mark")
     writer = _start(WRITER, key, shm, marker, "eids", SLOW)

@@ -20,6 +20,7 @@ import torch
 
 from directload.kernels.host_pool import default_pool
 from directload.stores import (
+    BudgetSpec,
     DeviceCache,
     DiskStore,
     HostCache,
@@ -61,10 +62,11 @@ def open_kind(kind, work):
     elif kind == "device":
         store = DeviceCache(DiskStore(disk), TABLE // 8, "lookahead", device="cpu")
     elif kind in ("tiered", "tiered-packed", "budget", "hot"):
+        budget = BudgetSpec(host_bytes=TABLE if kind == "budget" else 0, name=f"held-{work.name}",
+                            shared_hot_bytes=TABLE // 8 if kind == "hot" else 0, directory=str(work))
         spec = StoreSpec(packed if kind in ("tiered-packed", "hot") else disk, host_bytes=TABLE // 4,
                          gpu_bytes=TABLE // 16, staging_bytes=2 << 20, packed=kind in ("tiered-packed", "hot"),
-                         shared_hot_bytes=TABLE // 8 if kind == "hot" else 0, shared_key=f"held-{work.name}",
-                         budget_bytes=TABLE if kind == "budget" else 0)
+                         budget=budget)
         store = open_store(spec)
     elif kind == "partitioned":
         rows = table_rows()

@@ -45,7 +45,7 @@ def test_a_tiered_store_follows_its_share(tmp_path, table_file):
                 got = store.read(ids)
                 assert got.dtype == torch.float32 and got.device.type == "cpu"
                 assert torch.equal(got, table[ids])
-            assert store.tiers[0].stats()["rows"] > 0
+            assert store.tiers[0].stats()[store.tiers[0].tier]["rows"] > 0
         b.leave()
         a.refresh()
         assert host_a.capacity_rows == 2800 and disk_a.stats()["io_depth"] == 32

@@ -68,14 +68,14 @@ def test_a_row_whose_staged_slot_a_skipped_batch_frees_is_read_again(rng):
     cache = HostCache(store, 0, "lru", staging_bytes=8 * 16)
     r, a, b, c, m, x = 1, 2, 3, 4, 5, 6
     cache.prefetch([r])
-    _until(lambda: cache.stats()["prefetched_rows"] == 1, "row r is staged")
+    _until(lambda: cache.stats()[cache.tier]["prefetched_rows"] == 1, "row r is staged")
     cache.prefetch([a, b, c])
-    _until(lambda: cache.stats()["prefetched_rows"] == 4, "batch 2 is staged")
+    _until(lambda: cache.stats()[cache.tier]["prefetched_rows"] == 4, "batch 2 is staged")
     store.gate(m)
     future = cache.read_async([r, a, b, c, m])  # batch 2 (3 of 5 rows), plus r and a miss
     _until(lambda: m in store.waiting, "the read waits for its miss")
     cache.prefetch([x])  # the read-ahead takes the slot r was freed from
-    _until(lambda: cache.stats()["prefetched_rows"] == 5, "row x is staged")
+    _until(lambda: cache.stats()[cache.tier]["prefetched_rows"] == 5, "row x is staged")
     store.open(m)
     assert torch.equal(future.wait(), table[[r, a, b, c, m]])
     cache.close()
@@ -90,7 +90,7 @@ def test_a_slot_in_flight_is_not_settled_by_a_reader_that_saw_its_row_staged(rng
     cache = HostCache(store, 2 * 16, "lru", staging_bytes=8 * 16)
     r, m, p, q = 1, 2, 3, 4
     cache.prefetch([r])
-    _until(lambda: cache.stats()["prefetched_rows"] == 1, "row r is staged")
+    _until(lambda: cache.stats()[cache.tier]["prefetched_rows"] == 1, "row r is staged")
     store.gate(m)
     reader_a = cache.read_async([r, m])  # not an announced batch: r is staged, m a miss
     _until(lambda: m in store.waiting, "reader A waits for its miss")
@@ -101,9 +101,9 @@ def test_a_slot_in_flight_is_not_settled_by_a_reader_that_saw_its_row_staged(rng
     _until(lambda: r in store.waiting, "the read-ahead reads r")
     store.open(m)
     assert torch.equal(reader_a.wait(), table[[r, m]])
-    waits = cache.stats()["inflight_waits"]
+    waits = cache.stats()[cache.tier]["inflight_waits"]
     reader_d = cache.read_async([r])
-    _until(lambda: reader_d.done() or cache.stats()["inflight_waits"] > waits, "reader D waits or returns")
+    _until(lambda: reader_d.done() or cache.stats()[cache.tier]["inflight_waits"] > waits, "reader D waits or returns")
     store.open(r)
     assert torch.equal(reader_d.wait(), table[[r]])
     cache.close()

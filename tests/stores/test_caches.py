@@ -17,6 +17,7 @@ from directload.stores import (
     HostCache,
     TensorStore,
     TieredStore,
+    WarmingBusyError,
     write_disk_store,
 )
 from directload.stores.policies import LRU, POLICY_NAMES, degree
@@ -50,7 +51,7 @@ def test_every_policy_and_size_reads_the_plain_tables_rows_bit_for_bit(rng, poli
         for b, got in zip(batches, _drive(top, batches, 3)):
             assert got.dtype == table.dtype and got.device.type == "cpu"
             assert torch.equal(bits(got), bits(table[torch.from_numpy(b)])), (policy, cap_rows, stage_rows)
-        s = host.stats()
+        s = host.stats()[host.tier]
         assert s["hit_rows"] + s["staged_rows"] + s["miss_rows"] == sum(len(np.unique(b)) for b in batches) \
             or dev_rows  # a device tier in front reads only its misses
         assert s["cached_rows"] <= host.capacity_rows
@@ -83,7 +84,7 @@ def test_lookahead_cache_hits_more_than_lru_on_a_power_law_trace(rng):
     for policy in ("lru", "lookahead"):
         with HostCache(TensorStore(table), 200 * 16, policy) as cache:
             _drive(cache, batches, 8)
-            rates[policy] = cache.stats()["hit_rate"]
+            rates[policy] = cache.stats()[cache.tier]["hit_rate"]
     assert rates["lookahead"] > rates["lru"] > 0
 
 
@@ -97,13 +98,13 @@ def test_read_ahead_stages_announced_rows_and_never_reads_a_row_twice(tmp_path, 
         for b in batches:  # the whole epoch fits the staging slots: all of it is read ahead
             cache.prefetch(b)
         deadline = time.monotonic() + 10
-        while cache.stats()["prefetched_rows"] < len(np.unique(np.concatenate(batches))):
-            assert time.monotonic() < deadline, cache.stats()
+        while cache.stats()[cache.tier]["prefetched_rows"] < len(np.unique(np.concatenate(batches))):
+            assert time.monotonic() < deadline, cache.stats()[cache.tier]
             time.sleep(0.01)
         for b in batches:
             g = cache.read(b)
             assert torch.equal(bits(g), bits(table[torch.from_numpy(b)]))
-        s = cache.stats()
+        s = cache.stats()[cache.tier]
     # every batch was staged ahead: nothing was read on demand, and rows two batches share were read once
     assert s["miss_rows"] == 0 and s["staged_rows"] == sum(len(b) for b in batches)
     assert s["prefetched_rows"] == len(np.unique(np.concatenate(batches)))
@@ -121,7 +122,7 @@ def test_a_cache_smaller_than_one_batch_passes_through_and_says_so(rng):
                 cache.prefetch(batch)
             for _ in range(3):
                 assert torch.equal(cache.read(batch), table[torch.from_numpy(batch)])
-            s = cache.stats()
+            s = cache.stats()[cache.tier]
             assert s["passthrough"] and s["batches_over_capacity"] == 3
             assert s["passthrough_rows"] >= 3 * (200 - cap - stage) - 2 * cap
             assert s["cached_rows"] <= cap
@@ -216,7 +217,7 @@ def test_a_demand_read_waits_for_rows_in_flight_instead_of_reading_them_again(rn
             assert time.monotonic() < deadline
             time.sleep(0.005)
         future = cache.read_async(np.arange(20))
-        while cache.stats()["inflight_waits"] < 1:  # the demand read waits for the rows in flight
+        while cache.stats()[cache.tier]["inflight_waits"] < 1:  # the demand read waits for the rows in flight
             assert time.monotonic() < deadline
             time.sleep(0.005)
         gate.set()
@@ -339,7 +340,7 @@ def test_bad_input_is_refused_before_anything_runs(rng):
             cache.read([0.5])
         with pytest.raises(ValueError, match="out"):
             cache.read([1, 2], out=torch.empty(3, 2))
-        assert cache.stats()["reads"] == 0
+        assert cache.stats()[cache.tier]["reads"] == 0
     with pytest.raises(TypeError, match="path or a FeatureStore"):
         TieredStore(3)
 
@@ -351,7 +352,7 @@ def test_static_policies_and_factories_plug_in(rng):
     with HostCache(TensorStore(table), 2 * 8, lambda cap: degree(cap, deg)) as cache:
         cache.read([3, 7, 9])
         cache.read([3, 7, 9])
-        s = cache.stats()
+        s = cache.stats()[cache.tier]
         assert s["hit_rows"] == 2 and s["cached_rows"] == 2 and s["policy"] == "degree"
 
 
@@ -398,14 +399,14 @@ def test_a_device_cache_counts_the_pcie_lines_the_transaction_model_gives(rng):
     ids = rng.integers(0, 300, 64)
     with DeviceCache(TensorStore(table), 0) as cache:  # nothing cached: every row comes over "PCIe"
         cache.read(ids)
-        got = cache.stats()
+        got = cache.stats()[cache.tier]
     want = count_tiered(flat_where(ids * 25), 100, 4, flat_addr=table.data_ptr())["flat"].total
     assert got["pcie_lines"] == want > 64 and got["pcie_bytes"] == 128 * want
     with DeviceCache(TensorStore(table), 300 * 100) as cache:  # all cached after the first read
         cache.read(ids)
-        first = cache.stats()["pcie_lines"]
+        first = cache.stats()[cache.tier]["pcie_lines"]
         cache.read(ids)
-        assert cache.stats()["pcie_lines"] == first
+        assert cache.stats()[cache.tier]["pcie_lines"] == first
 
 
 @pytest.mark.parametrize("dtype", [torch.complex128, torch.complex64, torch.bool, torch.bfloat16])
@@ -429,15 +430,15 @@ def test_warm_fills_the_free_room_most_wanted_first_and_those_rows_then_hit(rng,
     cache = HostCache(TensorStore(table), 50 * 24, policy, staging_bytes=10 * 24)
     wanted = rng.permutation(200)
     assert cache.warm(np.concatenate([wanted[:3], wanted])) == 50  # repeats count once; room for 50
-    s = cache.stats()
+    s = cache.stats()[cache.tier]
     assert s["warmed_rows"] == 50 and s["cached_rows"] == 50 and s["warm_s"] > 0
     assert s["hit_rows"] == s["miss_rows"] == 0  # filling is not reading
     first = wanted[:50]
     got = cache.read(torch.from_numpy(first))
     assert torch.equal(bits(got), bits(table[torch.from_numpy(first)]))
-    assert cache.stats()["hit_rows"] == 50 and cache.stats()["miss_rows"] == 0
+    assert cache.stats()[cache.tier]["hit_rows"] == 50 and cache.stats()[cache.tier]["miss_rows"] == 0
     assert cache.warm(wanted) == 0  # full: nothing is evicted for it
-    assert cache.stats()["cached_rows"] == 50
+    assert cache.stats()[cache.tier]["cached_rows"] == 50
     cache.close()
 
 
@@ -446,10 +447,11 @@ def test_warm_skips_rows_already_held_and_leaves_room_it_was_not_given(rng):
     cache = HostCache(TensorStore(table), 40 * 16, "lookahead")
     cache.read([1, 2, 3])
     assert cache.warm([3, 2, 50, 51]) == 2
-    assert cache.stats()["cached_rows"] == 5
+    assert cache.stats()[cache.tier]["cached_rows"] == 5
     got = cache.read([1, 2, 3, 50, 51, 52])
     assert torch.equal(got, table[[1, 2, 3, 50, 51, 52]])
-    assert cache.stats()["hit_rows"] == 5 and cache.stats()["miss_rows"] == 4  # 1, 2, 3 first, then 52
+    s = cache.stats()[cache.tier]
+    assert s["hit_rows"] == 5 and s["miss_rows"] == 4  # 1, 2, 3 first, then 52
     cache.close()
 
 
@@ -486,7 +488,7 @@ def test_warm_of_a_packed_disk_store_takes_its_hot_rows_in_file_order(tmp_path, 
             assert disk.stats()["reads"] == 1  # 40 rows of 64 B side by side: one merged read
             got = cache.read(torch.from_numpy(hot))
             assert torch.equal(bits(got), bits(table[torch.from_numpy(hot)]))
-            assert cache.stats()["hit_rows"] == 40
+            assert cache.stats()[cache.tier]["hit_rows"] == 40
 
 
 def test_a_tiered_store_warms_host_then_device_and_reads_right(tmp_path, rng):
@@ -520,7 +522,7 @@ def test_warm_refuses_bad_ids_before_reading_and_a_failed_read_gives_its_slots_b
     assert flaky.ok == 0  # nothing was read
     with pytest.raises(OSError, match="simulated"):
         cache.warm(np.arange(10))
-    s = cache.stats()
+    s = cache.stats()[cache.tier]
     assert s["cached_rows"] == 0 and s["warmed_rows"] == 0
     assert cache.slots.table.free_count == 30  # every slot is free again
     flaky.ok = None
@@ -554,7 +556,7 @@ def test_reads_from_another_thread_while_warming_are_right(rng):
     t.join(30)
     assert not t.is_alive() and not errors
     assert torch.equal(cache.read(np.arange(2000)), table)
-    assert cache.stats()["cached_rows"] <= 1500
+    assert cache.stats()[cache.tier]["cached_rows"] <= 1500
     cache.close()
 
 
@@ -567,15 +569,15 @@ def test_a_background_warm_returns_at_once_and_reads_meanwhile_are_right(rng):
         assert cache.warm(np.arange(3000)[::-1], background=True) == 2000
         assert cache.warming is not None  # it returned with its first round held at the gate
         gate.set()
-        with pytest.raises(RuntimeError, match="warming already"):
+        with pytest.raises(WarmingBusyError, match="warming already"):
             cache.warm([1], background=True)
         for b in [rng.integers(1000, 3000, 64) for _ in range(10)]:  # rows it warms: none is evicted
             assert torch.equal(cache.read(b), table[torch.from_numpy(b)])
         _join_warm(cache, 30)
-    s = cache.stats()
+    s = cache.stats()[cache.tier]
     assert s["cached_rows"] == 2000 and s["warmed_rows"] + s["miss_rows"] >= 2000 - 640
     assert torch.equal(cache.read(np.arange(1000, 3000)), table[1000:])
-    assert cache.stats()["miss_rows"] == s["miss_rows"]  # the warmed rows all hit
+    assert cache.stats()[cache.tier]["miss_rows"] == s["miss_rows"]  # the warmed rows all hit
     cache.close()
 
 
@@ -588,7 +590,7 @@ def test_a_failing_background_warm_reaches_the_reader_and_close_never_hangs(rng)
         cache.read([1, 2])
     assert "host cache's warm thread" in " ".join(info.value.__notes__)
     assert isinstance(info.value.__cause__, OSError)
-    assert cache.stats()["cached_rows"] == 0
+    assert cache.stats()[cache.tier]["cached_rows"] == 0
     cache.close()
     flaky = _Flaky(table, delay=0.2)
     slow = HostCache(flaky, 400 * 8, "lru")
@@ -613,10 +615,10 @@ def test_a_tiered_background_warm_fills_the_device_tier_after_the_host_tier(tmp_
         device, host = store.tiers[0], store.tiers[1]
         _join_warm(device, 30)
         assert host.warming is None
-        assert host.stats()["warmed_rows"] == 128 and device.stats()["warmed_rows"] == 16
+        assert host.stats()[host.tier]["warmed_rows"] == 128 and device.stats()[device.tier]["warmed_rows"] == 16
         assert store.tiers[-1].stats()["reads"] == 1  # the host tier's 128 side-by-side rows; the device's from it
         assert torch.equal(store.read(torch.arange(128)), table[:128])
-        assert device.stats()["hit_rows"] == 16 and host.stats()["miss_rows"] == 0
+        assert device.stats()[device.tier]["hit_rows"] == 16 and host.stats()[host.tier]["miss_rows"] == 0
 
 
 @pytest.mark.parametrize("policy", ["lookahead", "lru"])
@@ -657,17 +659,17 @@ def test_one_warm_at_a_time_so_two_never_share_a_buffer(rng):
         deadline = time.monotonic() + 5
         while cache.warming is None and time.monotonic() < deadline:
             time.sleep(0.0005)
-        with pytest.raises(RuntimeError, match="warming already"):
+        with pytest.raises(WarmingBusyError, match="warming already"):
             cache.warm(np.arange(1000, 2000), background=True)
-        with pytest.raises(RuntimeError, match="warming already"):
+        with pytest.raises(WarmingBusyError, match="warming already"):
             cache.warm(np.arange(1000, 2000))
         first.join(30)
     assert cache.warm(np.arange(1000, 2000), background=True) == 1000  # after it, a warm goes on
     _join_warm(cache, 30)
     rows = np.arange(2000)
-    assert cache.stats()["cached_rows"] == 2000
+    assert cache.stats()[cache.tier]["cached_rows"] == 2000
     assert torch.equal(cache.read(rows), table)
-    assert cache.stats()["miss_rows"] == 0
+    assert cache.stats()[cache.tier]["miss_rows"] == 0
     cache.close()
 
 

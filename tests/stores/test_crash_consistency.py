@@ -17,8 +17,9 @@ import pytest
 import torch
 from conftest import within
 
+from directload import publish
 from directload.files import CorruptFileError
-from directload.stores import DiskStore, generations, read_layout, renumber, verify, write_disk_store
+from directload.stores import DiskStore, read_layout, renumber, verify, write_disk_store
 from directload.stores.disk_format import DATA_ALIGN
 from directload.stores.generations import sidecar_path
 
@@ -121,7 +122,7 @@ def steps_of(tmp_path, old, new, monkeypatch):
     old(rehearsal / "f.npy")
     seen = []
     with monkeypatch.context() as m:
-        m.setattr(generations, "crash_point", seen.append)
+        m.setattr(publish, "crash_point", seen.append)
         new(rehearsal / "f.npy")
     return seen
 
@@ -139,7 +140,7 @@ def killed_at(k, write):
                 if calls[0] == k:
                     os.kill(os.getpid(), signal.SIGKILL)
 
-            generations.crash_point = point
+            publish.crash_point = point
             write()
             code = 0
         except BaseException:  # noqa: BLE001 - reported by the exit code
@@ -272,6 +273,7 @@ def test_a_file_size_limit_leaves_the_old_store_as_it_was_and_nothing_else(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == before and which(path, table(1)) == 0
 
 
+@pytest.mark.one_lane("dgl")  # a whole-process run: torch's version does not change it
 def test_a_killed_cli_conversion_leaves_no_store_or_a_whole_one_and_a_rerun_finishes(tmp_path):
     src = tmp_path / "in.npy"
     np.save(src, np.random.default_rng(0).standard_normal((20000, 256)).astype(np.float32))  # 20 MB

@@ -7,6 +7,7 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -165,6 +166,32 @@ def test_close_waits_for_reads_in_flight_and_never_hangs(tmp_path, rng, engine):
     with pytest.raises(ClosedError):
         store.read([0])
     store.close()
+
+
+_COLLECTED_IN_THREAD_START = """
+import sys, threading
+import numpy as np
+from directload.stores import DiskStore
+np.save(sys.argv[1], np.arange(64, dtype=np.float32).reshape(16, 4))
+store = DiskStore(sys.argv[1])
+worker = store.read([3])  # its read thread now runs
+worker = next(t for t in threading.enumerate() if t.name.startswith("directload-disk"))
+# A collection can run inside Thread.start, while threading holds this lock (Python 3.11's
+# _maintain_shutdown_locks): a store dropped there must not join its thread, which takes the lock too.
+with threading._shutdown_locks_lock:
+    del store
+worker.join(60)
+print("worker alive" if worker.is_alive() else "worker ended")
+"""
+
+
+@pytest.mark.skipif(not hasattr(threading, "_shutdown_locks_lock"), reason="this Python's threading has no such lock")
+def test_a_store_collected_while_threading_holds_its_locks_does_not_deadlock(tmp_path):
+    # Seen as a hang of the whole test run: a DiskStore left unclosed was collected in another thread's start.
+    out = subprocess.run([sys.executable, "-c", _COLLECTED_IN_THREAD_START, str(tmp_path / "t.npy")],
+                         capture_output=True, text=True, timeout=120)  # the old code hangs here
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["worker", "ended"]
 
 
 def _child_reads(store, ids, queue):

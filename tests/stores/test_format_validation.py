@@ -268,6 +268,7 @@ def test_a_fifo_in_place_of_a_sidecar_or_id_map_is_refused_at_once(packed):
     refused(packed, "not a regular file", {k: OPENERS[k] for k in ("DiskStore", "read_layout")})
 
 
+@pytest.mark.one_lane("dgl")  # a whole-process run: torch's version does not change it
 def test_the_command_line_reports_malformed_stores_in_one_line(tmp_path, store):
     fifo = tmp_path / "pipe.npy"
     os.mkfifo(fifo)

@@ -44,9 +44,9 @@ def test_hints_and_warming_leave_the_hot_rows_out(rng, tmp_path):
     assert torch.equal(store.read(ids), table[ids])
     held = cache.slots.held_rows()
     assert held.size and not np.isin(held, hot).any()  # the cache never holds a hot row
-    assert cache.stats()["rows"] == 150
+    assert cache.stats()[cache.tier]["rows"] == 150
     store.warm(torch.arange(400))
-    assert cache.stats()["warmed_rows"] <= 300
+    assert cache.stats()[cache.tier]["warmed_rows"] <= 300
     assert not np.isin(cache.slots.held_rows(), hot).any()
     store.close()
     assert cache.closed

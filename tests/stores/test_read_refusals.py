@@ -150,7 +150,7 @@ def test_ids_without_readable_values_are_refused_typed_by_every_store_and_hint(s
         store.prefetch(ids)
     with pytest.raises(error, match=match):
         store.stage(ids, lambda n: np.empty(n, np.uint8))
-    if hasattr(store, "warm"):
+    if "warm" in store.capabilities:
         with pytest.raises(error, match=match):
             store.warm(ids)
     assert torch.equal(store.read([1, 2]), TABLE[[1, 2]])  # nothing broke

@@ -1,4 +1,5 @@
-"""StoreSpec and open_store: one check of how a store's parts go together, and the stack it opens."""
+"""StoreSpec and open_store: one check of how a store's parts go together, the spec as plain data, and the
+stack it opens (the handle that owns it: tests/stores/test_spec_handle.py)."""
 
 import os
 
@@ -8,9 +9,12 @@ import torch
 import torch.distributed as dist
 
 from directload.stores import (
+    BudgetSpec,
+    DiskOptions,
     DiskStore,
     HotRowsStore,
     PartitionedStore,
+    PartitionSpec,
     StoreSpec,
     TensorStore,
     TieredStore,
@@ -34,9 +38,17 @@ def disk(tmp_path):
     (dict(staging_bytes="lots"), ValueError, "staging_bytes"),
     (dict(policy="fifo"), ValueError, r"policy must be one of \('lookahead'"),
     (dict(packed=True), ValueError, "packed=True reads a packed disk store"),
-    (dict(tiers=False, budget_bytes=100), ValueError, "budget_bytes shares the host caches of tiered stores"),
-    (dict(partitioned=True, budget_bytes=100), ValueError, "partitioned=True splits the rows among the ranks"),
-    (dict(disk_options={"queue_depth": 8}), TypeError, r"disk options \['queue_depth'\] apply to a path"),
+    (dict(tiers=False, budget=BudgetSpec(host_bytes=100)), ValueError,
+     "budget.host_bytes shares the host caches and disk queues of directload's tiered stores: it needs tiers=True"),
+    (dict(budget=BudgetSpec(io_depth=8)), ValueError,
+     "^budget.io_depth is shared within a node budget: give budget.host_bytes too$"),
+    (dict(budget=BudgetSpec(io_depth=-1)), ValueError, "budget.io_depth must be an integer >= 0"),
+    (dict(budget=BudgetSpec(name="a b")), ValueError, "^budget.name: a budget's name is letters"),
+    (dict(partition=PartitionSpec(), budget=BudgetSpec(host_bytes=100)), ValueError,
+     "^partition splits the rows among the ranks: it takes neither packed=True, budget.host_bytes nor "
+     "budget.shared_hot_bytes$"),
+    (dict(disk=DiskOptions(queue_depth=8)), TypeError, r"disk options \['queue_depth'\] apply to a path"),
+    (dict(budget={"host_bytes": 1}), TypeError, "^budget must be a BudgetSpec, not dict$"),
 ])
 def test_bad_specs_are_refused_in_one_line_naming_the_field(spec, error, match):
     with pytest.raises(error, match=match):
@@ -46,42 +58,96 @@ def test_bad_specs_are_refused_in_one_line_naming_the_field(spec, error, match):
 
 
 def test_the_caller_names_the_fields_and_shared_hot_rows_come_out_of_the_budget(disk):
-    flags = {"shared_hot_bytes": "--shared-hot", "budget_bytes": "--node-budget"}
-    spec = StoreSpec(disk, packed=True, shared_hot_bytes="4K", budget_bytes="4K")
+    flags = {"budget.shared_hot_bytes": "--shared-hot", "budget.host_bytes": "--node-budget"}
+    spec = StoreSpec(disk, packed=True, budget=BudgetSpec(shared_hot_bytes="4K", host_bytes="4K"))
     with pytest.raises(ValueError, match="^--shared-hot is taken out of --node-budget: it must be smaller$"):
         spec.check(names=lambda key: flags.get(key, key))
-    with pytest.raises(ValueError, match="shared_hot_bytes keeps the packed source's hottest rows once per node: it "
-                                         "needs packed=True and tiers=True"):
-        StoreSpec(disk, shared_hot_bytes="4K").check()
+    with pytest.raises(ValueError, match="budget.shared_hot_bytes keeps the packed store's hottest rows once per "
+                                         "node: it needs packed=True and tiers=True"):
+        StoreSpec(disk, budget=BudgetSpec(shared_hot_bytes="4K")).check()
+
+
+def test_a_spec_without_a_source_is_checked_as_far_as_it_goes_and_not_opened():
+    spec = StoreSpec(host_bytes="1K", packed=True, budget=BudgetSpec(shared_hot_bytes="1K")).check()
+    assert spec.source is None and spec.host_bytes == 1024 and spec.budget.shared_hot_bytes == 1024
+    with pytest.raises(ValueError, match="^the spec names no source"):
+        open_store(spec)
 
 
 def test_a_checked_spec_holds_bytes_and_stays_frozen():
-    spec = StoreSpec(TABLE, gpu_bytes="1K", host_bytes="2K", staging_bytes="0").check()
+    spec = StoreSpec("feat.npy", gpu_bytes="1K", host_bytes="2K", staging_bytes="0", packed=True,
+                     budget=BudgetSpec(host_bytes="1M", shared_hot_bytes="4K")).check()
     assert (spec.gpu_bytes, spec.host_bytes, spec.staging_bytes) == (1024, 2048, 0)
+    assert (spec.budget.host_bytes, spec.budget.shared_hot_bytes) == (1 << 20, 4096)
     with pytest.raises(AttributeError):
         spec.host_bytes = 0
+    with pytest.raises(AttributeError):
+        spec.budget.host_bytes = 0
+
+
+SPECS = [
+    StoreSpec(),
+    StoreSpec("feat.npy", tiers=False, disk=DiskOptions(queue_depth=8, engine="pread", direct=False)),
+    StoreSpec("raw.bin", tiers=False, disk=DiskOptions(dtype=torch.uint8, shape=(10, 4), offset=128)),
+    StoreSpec("feat.npy", gpu_bytes="1G", host_bytes=4096, staging_bytes=None, policy="s3fifo", device="cuda:1",
+              packed=True, budget=BudgetSpec(host_bytes="8G", io_depth=64, name="node", shared_hot_bytes="1G",
+                                             hot_key="node-ds", directory="/somewhere")),
+    StoreSpec("feat.npy", partition=PartitionSpec(timeout=12.5), staging_bytes=0),
+]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=range(len(SPECS)))
+def test_a_spec_round_trips_through_json(spec):
+    import json
+
+    data = json.loads(json.dumps(spec.to_dict()))  # JSON's types only
+    assert StoreSpec.from_dict(data) == spec
+    assert set(data) == {"source", "tiers", "gpu_bytes", "host_bytes", "staging_bytes", "policy", "device", "packed",
+                         "budget", "partition", "disk"}
+
+
+def test_what_is_not_data_is_refused_when_written_and_unknown_keys_when_read(disk):
+    from directload.stores.policies import make_policy
+
+    for spec, what in ((StoreSpec(TABLE), "Tensor"), (StoreSpec(TensorStore(TABLE)), "TensorStore"),
+                       (StoreSpec(disk, policy=make_policy("lru", 4)), "policy")):
+        with pytest.raises(TypeError, match=what):
+            spec.to_dict()
+    for data, bad in (({"host_cache": 1}, "'host_cache'"),
+                      ({"budget": {"bytes": 1}}, "BudgetSpec has no field 'bytes'"),
+                      ({"disk": {"dtype": "float99"}}, "no torch dtype")):
+        with pytest.raises(TypeError, match=bad):
+            StoreSpec.from_dict(data)
+    assert StoreSpec.from_dict({"budget": {"name": "x"}}).budget == BudgetSpec(name="x")  # the rest at the defaults
 
 
 def test_open_store_builds_the_stack_the_spec_describes(disk):
-    with open_store(StoreSpec(disk, tiers=False)) as store:
-        assert type(store) is DiskStore and torch.equal(store.read([3, 399]), TABLE[[3, 399]])
+    with open_store(StoreSpec(disk, tiers=False, disk=DiskOptions(queue_depth=8))) as store:
+        assert type(store.store) is DiskStore and torch.equal(store.read([3, 399]), TABLE[[3, 399]])
+        assert store.stats()["queue_depth"] == 8  # the disk options reach the disk store
     with open_store(StoreSpec(disk, gpu_bytes=64 * 32, host_bytes=128 * 32, staging_bytes=0, policy="lru")) as store:
-        assert [type(s).__name__ for s in walk(store)] == ["TieredStore", "DeviceCache", "HostCache", "DiskStore"]
+        assert [type(s).__name__ for s in walk(store)] == ["StoreHandle", "TieredStore", "DeviceCache", "HostCache",
+                                                           "DiskStore"]
         assert torch.equal(store.read([5, 1, 5]), TABLE[[5, 1, 5]])
-        disk_store = store.tiers[-1]
+        disk_store = store.store.tiers[-1]
     assert disk_store.closed  # the spec opened it: the stack closes it
     given = TensorStore(TABLE)
     with open_store(StoreSpec(given, host_bytes=64 * 32)) as store:
-        assert store.tiers[-1] is given
+        assert store.store.tiers[-1] is given
     assert not given.closed  # a given store is left open
+    with open_store(StoreSpec(given, tiers=False)) as store:
+        assert store.store is given
+    assert not given.closed
 
 
-def test_a_budgeted_spec_starts_its_host_cache_empty_with_room_for_its_share(disk):
-    with open_store(StoreSpec(disk, host_bytes=100 * 32, staging_bytes=0, budget_bytes="1M")) as store:
-        host = store.tiers[0]
-        assert host.tier == "host" and (host.capacity_rows, host.room_rows) == (0, 100)
-    with open_store(StoreSpec(TABLE, staging_bytes=0, budget_bytes="1M")) as store:
-        assert store.tiers[0].room_rows == 400  # no host_bytes: room for the whole table
+def test_a_budgeted_spec_joins_its_budget_with_a_host_cache_grown_into_its_share(disk, tmp_path):
+    budget = BudgetSpec(host_bytes="1M", name="spec-test", directory=str(tmp_path))
+    with open_store(StoreSpec(disk, host_bytes=100 * 32, staging_bytes=0, budget=budget)) as store:
+        host = store.store.tiers[0]
+        assert host.tier == "host" and host.room_rows == 100 and store.share is not None
+        assert host.capacity_rows == 100  # alone in the budget: its whole room
+    with open_store(StoreSpec(TABLE, staging_bytes=0, budget=budget)) as store:
+        assert store.store.tiers[0].room_rows == 400  # no host_bytes: room for the whole table
 
 
 def test_shared_hot_rows_of_a_packed_source_are_held_once_and_read_right(disk, tmp_path):
@@ -89,9 +155,9 @@ def test_shared_hot_rows_of_a_packed_source_are_held_once_and_read_right(disk, t
     counts[[7, 300, 42]] = [9, 8, 7]
     packed = renumber(disk, tmp_path / "packed.npy", counts, progress=False)
     key = f"spec-test-{os.getpid()}"
-    with open_store(StoreSpec(packed, packed=True, host_bytes=64 * 32, staging_bytes=0, shared_hot_bytes=3 * 32,
-                              shared_key=key)) as store:
-        assert isinstance(store, HotRowsStore) and store.hot_rows == 3
+    with open_store(StoreSpec(packed, packed=True, host_bytes=64 * 32, staging_bytes=0,
+                              budget=BudgetSpec(shared_hot_bytes=3 * 32, name=key))) as store:
+        assert isinstance(store.store, HotRowsStore) and store.store.hot_rows == 3
         ids = torch.tensor([300, 7, 1, 42, 399])
         assert torch.equal(store.read(ids), TABLE[ids])
         assert store.stats()["hot"]["hit_rows"] == 3
@@ -100,11 +166,12 @@ def test_shared_hot_rows_of_a_packed_source_are_held_once_and_read_right(disk, t
 def test_a_partitioned_spec_reads_this_ranks_rows_from_its_own_store(disk, tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1)
     try:
-        for spec in (StoreSpec(disk, partitioned=True, host_bytes=64 * 32, staging_bytes=0),
-                     StoreSpec(disk, partitioned=True, tiers=False), StoreSpec(TABLE, partitioned=True)):
+        part = PartitionSpec(timeout=5)
+        for spec in (StoreSpec(disk, partition=part, host_bytes=64 * 32, staging_bytes=0),
+                     StoreSpec(disk, partition=part, tiers=False), StoreSpec(TABLE, partition=part)):
             with open_store(spec) as store:
-                assert isinstance(store, PartitionedStore) and store.num_rows == 400
+                assert isinstance(store.store, PartitionedStore) and store.num_rows == 400
                 assert torch.equal(store.read([399, 0]), TABLE[[399, 0]])
-                assert isinstance(store.local, (TieredStore, DiskStore, TensorStore))
+                assert isinstance(store.store.local, (TieredStore, DiskStore, TensorStore))
     finally:
         dist.destroy_process_group()

@@ -45,7 +45,7 @@ def test_train_through_tiers_reports_each_tier_and_learns_as_the_frameworks_load
     report = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
     runs = {r["loader"]: r for r in report["runs"]}
     assert report["meta"]["features"] == "tiered"
-    assert runs["directload"]["config"]["host_cache"] == 200 << 10
+    assert runs["directload"]["config"]["store"]["host_bytes"] == 200 << 10  # the report records the run's spec
     for epoch in runs["directload"]["epochs"]:
         tiers = epoch["tiers"]
         assert set(tiers) == {"device", "host", "disk"}
@@ -87,7 +87,7 @@ def test_pack_then_train_packed_warms_the_caches_from_the_hot_rows_and_learns(tm
     row_bytes, n = p.row_nbytes, p.num_rows
     assert warm["rows"] == {"host": min(n, (200 << 10) // row_bytes), "device": min(n, (50 << 10) // row_bytes)}
     assert warm["bytes"] == sum(warm["rows"].values()) * row_bytes and warm["seconds"] > 0
-    assert runs[framework]["warm"] is None and runs[framework]["config"]["packed"] is False
+    assert runs[framework]["warm"] is None and runs[framework]["config"]["store"]["packed"] is False
     tiers = [e["tiers"] for e in runs["directload"]["epochs"]]
     assert sum(t["host"]["warmed_rows"] + t["device"]["warmed_rows"] for t in tiers) > 0  # read in by the fill
     assert tiers[1]["host"]["hit_rows"] + tiers[1]["device"]["hit_rows"] > 0
@@ -102,12 +102,13 @@ def test_packing_again_closes_the_stores_over_the_old_copy_and_the_next_ones_rea
 
     from directload.datasets import load
     from directload.harness.train import TrainConfig, feature_store, pack
+    from directload.stores import StoreSpec
 
     assert main(["dataset", "pack", "--name", "synth-tiny", "--root", str(tmp_path), "--framework", framework,
                  "--fanouts", "4", "4", "--batch-size", "256", "--epochs", "1", "--no-progress"]) == 0
     ds = load(str(tmp_path), "synth-tiny")
-    cfg = TrainConfig(framework=framework, loader="directload", features="tiered", host_cache=100 << 10,
-                      packed=True, layers=2, fanouts=[4, 4], batch_size=256)
+    cfg = TrainConfig(framework=framework, loader="directload", features="tiered",
+                      store=StoreSpec(host_bytes=100 << 10, packed=True), layers=2, fanouts=[4, 4], batch_size=256)
     before = feature_store(ds, cfg)
     pack(ds, cfg, 1, progress=False)
     assert before.closed  # it read the file just rewritten
@@ -136,9 +137,13 @@ def test_tiered_options_are_checked_before_any_work(tmp_path, capsys):
     train = build_parser()._subparsers._group_actions[0].choices["train"]
     policy = next(a for a in train._actions if "--policy" in a.option_strings)
     assert tuple(policy.choices) == POLICY_NAMES  # the command line's list (no heavy import) kept in step
-    for bad in (dict(host_cache=-1), dict(gpu_cache=1.5), dict(policy="fifo"), dict(staging=-3),
-                dict(features="ssd"), dict(lookahead=0), dict(lookahead="soon"), dict(staging=True),
-                dict(packed=True), dict(packed=True, features="tiered", loader="dgl")):
+    from directload.stores import StoreSpec
+
+    for bad in (dict(store=StoreSpec(host_bytes=-1)), dict(store=StoreSpec(gpu_bytes=1.5)),
+                dict(store=StoreSpec(policy="fifo")), dict(store=StoreSpec(staging_bytes=-3)), dict(features="ssd"),
+                dict(lookahead=0), dict(lookahead="soon"), dict(store=StoreSpec(staging_bytes=True)),
+                dict(store=StoreSpec(packed=True)),
+                dict(store=StoreSpec(packed=True), features="tiered", loader="dgl")):
         with pytest.raises(ValueError):
             TrainConfig(**bad)
 

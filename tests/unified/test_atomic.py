@@ -7,6 +7,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from directload.atomic import PARTIAL_SUFFIX, write_atomically
 
 _WRITER = textwrap.dedent("""
@@ -30,6 +32,7 @@ def _partials(where):
     return [e for e in os.listdir(where) if e.endswith(PARTIAL_SUFFIX)]
 
 
+@pytest.mark.one_lane("dgl")  # a whole-process run: torch's version does not change it
 def test_two_processes_writing_one_file_at_once_both_finish(tmp_path):
     path = tmp_path / "graph.npz"
     slow = subprocess.Popen([sys.executable, "-c", _WRITER, str(path), "a", "stdin"], stdin=subprocess.PIPE,

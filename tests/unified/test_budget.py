@@ -255,3 +255,15 @@ def test_a_budget_whose_loaders_were_all_killed_is_swept_by_the_next_join(where)
     live.leave()
     again.leave()
     assert _left(where) == []
+
+
+def test_the_budgets_public_names_import_from_directload_budget_as_before():
+    import directload.budget as budget
+    from directload.budget import node, registry, resources, share
+
+    assert sorted(budget.__all__) == sorted(["NodeBudget", "Share", "Resources", "BudgetError", "BudgetTimeout",
+                                             "PREFIX", "fair_shares", "sweep"])
+    homes = {"NodeBudget": node, "Share": share, "Resources": resources, "BudgetError": resources,
+             "BudgetTimeout": resources, "PREFIX": registry, "fair_shares": resources, "sweep": registry}
+    assert all(getattr(budget, name) is getattr(home, name) for name, home in homes.items())
+    assert issubclass(budget.NodeBudget, registry.NodeRegistry)

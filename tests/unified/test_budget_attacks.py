@@ -209,7 +209,7 @@ _KILLED_AT = textwrap.dedent("""
     def die(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
 
-    setattr(budget.os, sys.argv[2], die)  # killed where it would rename a .tmp into place
+    setattr(os, sys.argv[2], die)  # killed where it would rename a .tmp into place
     budget.NodeBudget("crash", host_bytes=100, directory=sys.argv[1]).join(budget.Resources(50))
 """)
 

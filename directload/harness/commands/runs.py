@@ -5,53 +5,39 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Sequence
-from dataclasses import fields
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-from directload.harness.options import Names, check_options
+from directload.harness.options import OPTIONS, Names, RunOptions, check_options, defaults, options_of
 
 __all__ = ["FLAGS", "train_options", "check_args", "feature_files", "report_name", "default_out"]
 
 #: How a message of :func:`check_options` names an option on the command line: by the flag of ``directload
-#: train`` that sets it (heads, dropout and seed have none).
-FLAGS = Names({"partitioned": "--partition-features",
-               **{name: "--" + name.replace("_", "-") for name in (
-                   "model", "loader", "framework", "epochs", "layers", "fanouts", "hidden", "lr", "batch_size",
-                   "num_workers", "features", "gpu_cache", "host_cache", "staging", "sampler", "lookahead",
-                   "policy", "packed", "eval_batch_size", "eval_nodes", "nproc", "node_budget", "node_io_depth",
-                   "budget_name", "shared_hot")}},
+#: train`` that sets it (:data:`~directload.harness.options.OPTIONS`; heads, dropout and seed have none), and
+#: the model and loader by the flags that choose the runs.
+FLAGS = Names({"model": "--model", "loader": "--loader", **{path: flag.name for path, flag in OPTIONS.items()}},
               ours="--loader directload (or both)", ranks="--nproc N (N >= 2) or start the ranks with torchrun")
 
 
-def train_options(args: argparse.Namespace, *, partitioned: bool = False) -> dict[str, Any]:
-    """The one mapping from the flags that :func:`~directload.harness.parser.add_train_arguments` adds to
-    :class:`~directload.harness.train.TrainConfig`'s keyword arguments (``partitioned``: the train command's
-    ``--partition-features``).  ``nproc`` is the job's ranks: ``--nproc``, or those torchrun started.  The
-    device (``--device auto``) is resolved by the run."""
+def train_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options the flags that :func:`~directload.harness.parser.add_train_arguments` adds (and the train
+    command's ``--partition-features``) give, as :class:`~directload.harness.train.TrainConfig`'s keyword
+    arguments (:func:`~directload.harness.options.options_of`).  ``nproc`` is the job's ranks: ``--nproc``, or
+    those torchrun started.  The device (``--device auto``) is resolved by the run."""
     from directload.harness import ddp
 
-    return dict(framework=args.framework, epochs=args.epochs, layers=args.layers, fanouts=args.fanouts,
-                hidden=args.hidden, lr=args.lr, batch_size=args.batch_size, num_workers=args.num_workers,
-                features=args.features, gpu_cache=args.gpu_cache, host_cache=args.host_cache, staging=args.staging,
-                sampler=args.sampler, lookahead=args.lookahead, policy=args.policy, packed=args.packed,
-                eval_batch_size=args.eval_batch_size, eval_nodes=args.eval_nodes,
-                nproc=args.nproc if args.nproc > 1 else ddp.torchrun_world()[1], node_budget=args.node_budget,
-                node_io_depth=args.node_io_depth, budget_name=args.budget_name, shared_hot=args.shared_hot,
-                partitioned=partitioned)
+    options = options_of(args)
+    return {**options, "nproc": args.nproc if args.nproc > 1 else ddp.torchrun_world()[1]}
 
 
-def check_args(args: argparse.Namespace, models: Sequence[str], loaders: Sequence[str], *,
-               partitioned: bool = False) -> dict[str, Any]:
+def check_args(args: argparse.Namespace, models: Sequence[str], loaders: Sequence[str]) -> dict[str, Any]:
     """:func:`train_options` of ``args``, refused before any work as :func:`check_options` says, each option
     named by its flag (:data:`FLAGS`), for every run of ``models`` and ``loaders``; returns the options with
-    what the check settles (``layers``, ``fanouts``)."""
-    from directload.harness.train import SIDES, TrainConfig
+    what the check settles (``layers``, ``fanouts``, ``sampler`` and the store's spec, checked)."""
+    from directload.harness.train import SIDES
 
-    options = train_options(args, partitioned=partitioned)
-    defaults = {f.name: f.default for f in fields(TrainConfig)}  # heads, dropout: no flag sets them
-    settled = check_options(SimpleNamespace(**{**defaults, **options}), frameworks=tuple(SIDES), models=models,
+    options = train_options(args)
+    settled = check_options(RunOptions(**{**defaults(), **options}), frameworks=tuple(SIDES), models=models,
                             loaders=loaders, names=FLAGS)
     return {**options, **settled}
 

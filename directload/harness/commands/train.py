@@ -23,18 +23,17 @@ def run(args: argparse.Namespace) -> int:
         return train_dist.run(args, models, loaders)
     dataset = args.dataset + ("" if args.features == "memory" else f"-{args.features}") + \
         ("-packed" if args.packed else "")
-    return run_training(args, models, loaders, range(args.seeds), report_name("train", dataset, models, loaders),
-                        partitioned=args.partition_features)
+    return run_training(args, models, loaders, range(args.seeds), report_name("train", dataset, models, loaders))
 
 
 def run_training(args: argparse.Namespace, models: Sequence[str], loaders: Sequence[str], seeds: Sequence[int],
-                 name: str, conditions: Sequence[tuple[str, Callable[[], AbstractContextManager[Any]]]] | None = None,
-                 *, partitioned: bool = False) -> int:
+                 name: str, conditions: Sequence[tuple[str, Callable[[], AbstractContextManager[Any]]]] | None = None
+                 ) -> int:
     """Load (generating if needed) the dataset, train side by side, print and write the report.
 
-    ``args`` holds the flags that :func:`~directload.harness.parser.add_train_arguments` adds, checked first
-    (:func:`~directload.harness.commands.runs.check_args`) for every run of ``models`` and ``loaders``;
-    ``partitioned`` is the train command's ``--partition-features``.
+    ``args`` holds the flags that :func:`~directload.harness.parser.add_train_arguments` adds (and the train
+    command's ``--partition-features``), checked first (:func:`~directload.harness.commands.runs.check_args`)
+    for every run of ``models`` and ``loaders``.
 
     With ``args.memory_limit`` the training runs in a child inside a memory cgroup: ``args.rerun`` (the
     argv that ran this) is started again there, and this process waits for it.  ``conditions`` (see
@@ -50,7 +49,7 @@ def run_training(args: argparse.Namespace, models: Sequence[str], loaders: Seque
     from directload.kernels.cpu import wait_policy as cpu_wait_policy
 
     # Bad arguments get their own error before any work, a missing framework after them.
-    options = check_args(args, models, loaders, partitioned=partitioned)
+    options = check_args(args, models, loaders)
     device = usable_device(args.device)
     nproc = args.nproc
     capped = memcap.capped_group()
@@ -75,13 +74,13 @@ def run_training(args: argparse.Namespace, models: Sequence[str], loaders: Seque
         torch.set_num_threads(args.threads)
     _note_busy_machine()
     rank, size = ddp.join_torchrun(device)  # under torchrun: every collective from here has a timeout
-    features = args.features
+    features, packed = options["features"], options["store"].packed
     if rank == 0:  # under torchrun one rank writes what is missing, the others wait for it
         if args.dataset in PRESETS and not dataset_exists(args.root, args.dataset):
             synthesize(args.root, args.dataset, progress=not args.no_progress)  # one made with other options is kept
-        feature_files(args.root, args.dataset, features, packed=args.packed, progress=not args.no_progress)
+        feature_files(args.root, args.dataset, features, packed=packed, progress=not args.no_progress)
     ddp.barrier()
-    files = feature_files(args.root, args.dataset, features, packed=args.packed, progress=not args.no_progress)
+    files = feature_files(args.root, args.dataset, features, packed=packed, progress=not args.no_progress)
     if limit is not None and capped is None:  # the guardian: this command again, as a child in the cgroup
         for f in files:
             memcap.drop_page_cache(f)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from .partition import partition_dir
-from .runs import check_args, default_out, report_name
+from .runs import FLAGS, check_args, default_out, report_name, train_options
 
 __all__ = ["run"]
 
@@ -26,13 +27,17 @@ def run(args: argparse.Namespace, models: Sequence[str], loaders: Sequence[str])
                          "runs on PyG 2.8; use --nproc for DDP on one node)")
     if models != ["sage"]:
         raise ValueError("--dist trains GraphSAGE (DGL's distributed example): leave --model at sage")
-    for flag, given in (("--nproc", args.nproc != 1), ("--packed", args.packed), ("--node-budget", args.node_budget),
-                        ("--memory-limit", args.memory_limit is not None), ("--gpu-cache", args.gpu_cache)):
+    store = train_options(args)["store"]
+    for flag, given in ((FLAGS.opt("nproc"), args.nproc != 1), (FLAGS.opt("store.packed"), store.packed),
+                        (FLAGS.opt("store.budget.host_bytes"), store.budget.host_bytes),
+                        ("--memory-limit", args.memory_limit is not None),
+                        (FLAGS.opt("store.gpu_bytes"), store.gpu_bytes)):
         if given:
             raise ValueError(f"--dist does not take {flag}")
     from directload.harness.dist import check_host
 
-    fanouts = check_args(args, models, loaders, partitioned=args.partition_features)["fanouts"]
+    checked = check_args(args, models, loaders)
+    fanouts, store = checked["fanouts"], checked["store"]
     kind = "memory" if args.features == "memory" else "disk"
     if "dgl" in loaders and kind != "memory":
         raise ValueError("DGL's own fetch reads the features its servers hold: --loader dgl (or both) needs "
@@ -49,15 +54,17 @@ def run(args: argparse.Namespace, models: Sequence[str], loaders: Sequence[str])
     config = read_partitions(config)["config"]  # before any work: one partitioning, this generation from here
     if args.dataset in PRESETS and not dataset_exists(args.root, args.dataset):
         synthesize(args.root, args.dataset, progress=not args.no_progress)
-    report = {"dataset": args.dataset, "machines": args.dist, "features": args.features, "runs": []}
+    # each machine's stack over its partition's rows: tiers (its host cache) with --features tiered
+    machine = replace(store, tiers=args.features == "tiered" and bool(store.host_bytes))
+    report = {"dataset": args.dataset, "machines": args.dist, "features": args.features, "store": machine.to_dict(),
+              "runs": []}
     for seed in range(args.seeds):
         for loader in loaders:
             print(f"{loader:>10} seed {seed}: {args.dist} DistDGL machines on this host, one server and one trainer "
                   f"each, {args.epochs} epochs ...", flush=True)
             trainers = run_machines(config, root=args.root, dataset=args.dataset, epochs=args.epochs,
                                     fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden, lr=args.lr,
-                                    seed=seed, host_bytes=args.host_cache if args.features == "tiered" else 0,
-                                    fetch="dgl" if loader == "dgl" else "directload")
+                                    seed=seed, store=machine, fetch="dgl" if loader == "dgl" else "directload")
             report["runs"].append({"loader": loader, "seed": seed, "test_acc": trainers[0]["test_acc"],
                                    "trainers": trainers})
             last = [t["epochs"][-1] for t in trainers]

@@ -158,13 +158,13 @@ def simulate(policy: Policy, batches: Iterable[npt.ArrayLike], *, lookahead: int
     >>> result["hits"], result["misses"]
     (1, 5)
     """
-    batches = [np.unique(np.asarray(b, np.int64)) for b in batches]
+    distinct = [np.unique(np.asarray(b, np.int64)) for b in batches]
     hits = accesses = 0
     fetched_before = None
-    for i, batch in enumerate(batches):
+    for i, batch in enumerate(distinct):
         if i == measure_from:
             fetched_before = getattr(policy, "fetched_bytes", None)
-        policy.see(i, batches[i:] if lookahead is None else batches[i:i + 1 + lookahead])
+        policy.see(i, distinct[i:] if lookahead is None else distinct[i:i + 1 + lookahead])
         got = policy.access(batch)
         policy.take_evicted()  # a cache frees slots with them; the simulator has none
         if i >= measure_from:

@@ -19,10 +19,10 @@ import sys
 import threading
 import time
 
+from directload import publish
 from directload.datasets import load
 from directload.kernels import cpu
 from directload.loaders.dgl.distributed import partition
-from directload.stores import generations
 
 CHILD_TIMEOUT = 600  # seconds; a partition of synth-tiny takes about one
 
@@ -44,7 +44,7 @@ def killed_at(k, write):
                 if calls[0] == k:
                     os.kill(os.getpid(), signal.SIGKILL)
 
-            generations.crash_point = point
+            publish.crash_point = point
             write()
             code = 0
         except BaseException:  # noqa: BLE001 - reported by the exit code

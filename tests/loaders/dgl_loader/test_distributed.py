@@ -155,12 +155,15 @@ def test_two_machines_train_on_exact_rows_and_edges_as_well_as_one_process(root,
 @pytest.mark.slow
 def test_out_of_core_partitions_read_through_tiers_and_the_rpc_service(root):
     from directload.harness.train_dist import run
+    from directload.stores import StoreSpec
 
     config = _partition(root, "disk")
     trainers = run(config, root=root, dataset="synth-tiny", epochs=1, fanouts=(4, 4), batch_size=128,
-                   host_bytes=64 << 10, verify=True, timeout=1200)
+                   store=StoreSpec(host_bytes=64 << 10), verify=True, timeout=1200)
     for t in trainers:
         assert t["verified"] and t["features"] == "disk" and t["remote_rows"] > 0
+        # each machine's rows through the stack open_store opened from the spec, over its partition's store
+        assert t["local"] == ["StoreHandle", "TieredStore", "HostCache", "DiskStore"]
     assert _links_of(os.getpid()) == []
 
 

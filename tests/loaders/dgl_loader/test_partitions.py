@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 import torch
 
+from directload import publish
 from directload.datasets import load, synthesize
 from directload.harness.cli import main
 from directload.harness.commands.partition import partition_dir
-from directload.stores import DiskStore, generations
+from directload.stores import DiskStore
 
 dgl = pytest.importorskip("dgl")
 from directload.loaders.dgl import distributed as dd  # noqa: E402
@@ -86,7 +87,7 @@ def _steps(ds, template, tmp_path, features, monkeypatch):
     shutil.copytree(template, rehearsal, symlinks=True)
     seen = []
     with monkeypatch.context() as m:
-        m.setattr(generations, "crash_point", seen.append)
+        m.setattr(publish, "crash_point", seen.append)
         dd.partition(ds, 2, rehearsal / "parts", features=features, method="metis", progress=False)
     return seen
 
@@ -116,7 +117,7 @@ def test_a_repartition_killed_at_every_step_leaves_the_old_set_or_the_new_one(ro
         if new is not None or not np.array_equal(got, old):  # the new set from here on, never the old again
             assert new is None or np.array_equal(got, new), (k, steps[k - 1])
             new = got
-            assert steps[k - 1] in ("partition:published", "partition:removed", "partition:swept"), steps[k - 1]
+            assert k - 1 >= steps.index("partition:published"), (k, steps[k - 1])
         else:
             assert "partition:published" not in steps[:k], (k, steps[k - 1])
         dd.partition(ds, 2, where / "parts", features=features, method="metis", progress=False)  # recovers
@@ -275,3 +276,13 @@ def test_node_bounds_of_a_graph_with_several_node_types_count_each_types_own_ids
 def test_a_missing_config_says_how_to_partition(tmp_path):
     with pytest.raises(FileNotFoundError, match="partition with `directload dataset partition`"):
         dd.read_partitions(tmp_path / "g.json")
+
+
+def test_the_partitions_public_names_import_from_partitions_and_distributed_as_before():
+    from directload.loaders.dgl import partitions, partitions_read, partitions_write
+
+    names = ["partition", "read_partitions", "store_path", "node_bounds", "PartitionMismatchError", "META", "FORMAT"]
+    assert sorted(partitions.__all__) == sorted(names)
+    for name in names:
+        home = partitions_write if name == "partition" else partitions_read
+        assert getattr(partitions, name) is getattr(home, name) is getattr(dd, name, getattr(home, name)), name
