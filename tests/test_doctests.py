@@ -63,7 +63,8 @@ def _load(name):
 
 def test_the_walk_finds_the_api():
     for name in ("directload", "directload.unified", "directload.stores.disk", "directload.kernels.api",
-                 "directload.loaders.pipeline", "directload.loaders.pyg.loader", "directload.datasets"):
+                 "directload.loaders.pipeline", "directload.loaders.lookahead", "directload.loaders.pyg.loader",
+                 "directload.datasets"):
         assert name in MODULES
     for name in ("directload.harness", "directload.harness.cli", "directload.harness.train_dgl",
                  "directload.kernels.host_emu", "directload.__main__"):

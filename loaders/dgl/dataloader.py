@@ -249,7 +249,7 @@ use_prefetch_thread, use_alternate_streams, pin_prefetcher, use_uva, **kwargs
         on, and every store behind a prefetched node field gets
         ``prefetch(ids)`` with exactly the ids each batch will read from it.
         ``"auto"`` starts at 4 and picks each later epoch's L from the last
-        one's stage times (:class:`~directload.loaders.pipeline.AutoLookahead`:
+        one's stage times (:class:`~directload.loaders.lookahead.AutoLookahead`:
         the fetch of batch i+L must fit in the compute of batches i..i+L-1),
         bounded by the caches' read-ahead slots; ``loader.auto_lookahead.chosen``
         and each epoch's ``stats["lookahead"]`` report it.
