@@ -22,13 +22,14 @@ from typing import Any, TypeAlias
 
 import torch
 
+from directload.errors import DirectloadWarning
 from directload.units import check_bytes, check_int
 
 from .base import FeatureStore
 from .handle import StoreHandle, open_store  # noqa: F401  (their home is .handle; the old path keeps working)
 from .policies import POLICY_NAMES, Policy
 
-__all__ = ["StoreSpec", "DiskOptions", "BudgetSpec", "PartitionSpec", "Source"]
+__all__ = ["StoreSpec", "DiskOptions", "BudgetSpec", "PartitionSpec", "Source", "DeprecatedKeywordWarning"]
 
 #: What a spec reads: a ``.npy`` disk store's path, a tensor, or a store.
 Source: TypeAlias = "str | os.PathLike[str] | torch.Tensor | FeatureStore"
@@ -421,3 +422,59 @@ class StoreSpec:
         if spec.partition is not None:
             parts["read buffers"] += 2 * batch * rnb  # a round's rows sent and received
         return {name: nbytes for name, nbytes in parts.items() if nbytes}
+
+
+# ---------------------------------------------------------------- the keywords of the flat spec before
+class DeprecatedKeywordWarning(DirectloadWarning, DeprecationWarning):
+    """A :class:`StoreSpec` keyword of the flat spec before its parts had their own classes: it still works, and
+    the warning names the part that holds it now.
+
+    Examples
+    --------
+    >>> import warnings
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore", DeprecatedKeywordWarning)
+    ...     StoreSpec("feat.npy", budget_bytes="1G", disk_options={"queue_depth": 8}).budget.host_bytes
+    '1G'
+    """
+
+
+#: The flat spec's keywords -> the part that holds each now, as the warning spells it.
+_FLAT = {"budget_bytes": ("budget", "BudgetSpec(host_bytes=...)"),
+         "shared_hot_bytes": ("budget", "BudgetSpec(shared_hot_bytes=...)"),
+         "shared_key": ("budget", "BudgetSpec(hot_key=...)"), "disk_options": ("disk", "DiskOptions(...)"),
+         "partitioned": ("partition", "PartitionSpec()")}
+
+
+def _from_flat(kw: dict[str, Any], flat: dict[str, Any]) -> dict[str, Any]:
+    """``kw`` with the flat spec's keywords ``flat`` moved into the parts that hold them now."""
+    import warnings
+
+    both = sorted(old for old in flat if _FLAT[old][0] in kw)
+    if both:
+        raise TypeError(f"StoreSpec got {', '.join(f'{old}=' for old in both)} (the flat spec's) and "
+                        f"{_FLAT[both[0]][0]}=: give {_FLAT[both[0]][0]}= alone")
+    budget = {{"budget_bytes": "host_bytes", "shared_key": "hot_key"}.get(k, k): v for k, v in flat.items()
+              if _FLAT[k][0] == "budget"}
+    if budget:
+        kw["budget"] = BudgetSpec(**budget)
+    if "disk_options" in flat:
+        kw["disk"] = DiskOptions.from_dict(flat["disk_options"])
+    if flat.get("partitioned"):
+        kw["partition"] = PartitionSpec()
+    said = ", ".join(f"{old}= is {_FLAT[old][0]}={_FLAT[old][1]}" for old in flat)
+    warnings.warn(f"StoreSpec's flat keywords are parts of their own now: {said}", DeprecatedKeywordWarning,
+                  stacklevel=3)
+    return kw
+
+
+_made_init = StoreSpec.__init__
+
+
+def _init(self: StoreSpec, *args: Any, **kw: Any) -> None:
+    flat = {k: kw.pop(k) for k in list(kw) if k in _FLAT}
+    _made_init(self, *args, **(_from_flat(kw, flat) if flat else kw))
+
+
+_init.__doc__, _init.__wrapped__ = _made_init.__doc__, _made_init  # type: ignore[attr-defined]
+StoreSpec.__init__ = _init  # type: ignore[method-assign]  # the flat keywords of the spec before, still taken

@@ -175,3 +175,26 @@ def test_a_partitioned_spec_reads_this_ranks_rows_from_its_own_store(disk, tmp_p
                 assert isinstance(store.store.local, (TieredStore, DiskStore, TensorStore))
     finally:
         dist.destroy_process_group()
+
+
+def test_the_flat_specs_keywords_still_make_the_same_spec_with_a_warning_naming_the_part():
+    # The flat StoreSpec of the release before (budget_bytes=, shared_hot_bytes=, shared_key=, partitioned=,
+    # disk_options=) keeps working: a user's code written for it makes the spec the parts make now.
+    from directload.stores.spec import DeprecatedKeywordWarning
+
+    with pytest.warns(DeprecatedKeywordWarning, match=r"budget_bytes= is budget=BudgetSpec\(host_bytes=...\)"):
+        old = StoreSpec("feat.npy", host_bytes="1G", budget_bytes="2G", shared_hot_bytes="64M", shared_key="job",
+                        partitioned=True, disk_options={"queue_depth": 16, "engine": "pread"})
+    new = StoreSpec("feat.npy", host_bytes="1G", budget=BudgetSpec(host_bytes="2G", shared_hot_bytes="64M",
+                                                                    hot_key="job"),
+                    partition=PartitionSpec(), disk=DiskOptions(queue_depth=16, engine="pread"))
+    assert old == new and old.to_dict() == new.to_dict()
+    with pytest.warns(DeprecatedKeywordWarning):
+        assert StoreSpec("feat.npy", partitioned=False) == StoreSpec("feat.npy")
+
+
+def test_a_flat_keyword_beside_its_part_is_refused_naming_both():
+    with pytest.raises(TypeError, match=r"^StoreSpec got budget_bytes= \(the flat spec's\) and budget=: give budget= "):
+        StoreSpec("feat.npy", budget_bytes=5, budget=BudgetSpec())
+    with pytest.raises(TypeError, match="DiskOptions has no field 'depth'"):
+        StoreSpec("feat.npy", disk_options={"depth": 8})
