@@ -43,6 +43,31 @@ def test_gathers_before_the_load_are_index_selects_with_the_kernels_bits_and_err
     assert out.strip() == "ok"
 
 
+def test_the_range_check_before_the_load_runs_no_parallel_region_of_torchs():
+    # torch.aminmax ran a parallel region before each index_select: with a core held by another process it waited
+    # for a descheduled thread (0.81-0.87x index_select's time under a one-core hog, 0.99x since).
+    out = run("""
+        import torch
+        from directload.kernels import cpu, gather
+        def parallel(*args, **kwargs):
+            raise AssertionError("a torch reduction in the range check")
+        torch.aminmax = torch.min = torch.max = parallel
+        table = torch.randn(300, 8)
+        idx = torch.tensor([299, 0, 7])
+        assert not cpu.ready(True, 4, 8)
+        assert torch.equal(gather(table, idx), table.index_select(0, idx))
+        for bad, pos in (([3, 300], 1), ([-1, 3], 0)):
+            try:
+                gather(table, torch.tensor(bad))
+            except IndexError as exc:
+                assert f"position {pos}" in str(exc), str(exc)
+            else:
+                raise AssertionError("no IndexError")
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
 def test_the_kernel_loads_once_index_select_gathers_took_long_enough():
     out = run("""
         import time, torch
