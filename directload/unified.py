@@ -15,7 +15,7 @@ from directload.errors import DirectloadError
 from directload.kernels import gather
 from directload.kernels.bounds import ids_from_end
 from directload.kernels.interop import CudaArrayView
-from directload.kernels.operands import check_readable, host_of, out_of_range
+from directload.kernels.operands import check_readable, check_strict_bounds, host_of, out_of_range
 
 from . import memory
 from .placement import (
@@ -391,12 +391,8 @@ def _shift_from_end(index, n_rows):
 
 def _check_cpu_ids(index, n_rows):
     """``IndexError`` for a CPU id outside ``[0, n_rows)``, before it travels to the GPU (ints only)."""
-    if index.numel() and index.dtype in (torch.int32, torch.int64):
-        lo, hi = torch.stack(torch.aminmax(index)).tolist()
-        if lo < 0 or hi >= n_rows:
-            flat = index.reshape(-1)
-            bad = int(((flat < 0) | (flat >= n_rows)).nonzero()[0, 0])
-            raise out_of_range(int(flat[bad]), n_rows, position=bad)
+    if index.dtype in (torch.int32, torch.int64):
+        check_strict_bounds(index, n_rows)
 
 
 def _write(func, args, kwargs):

@@ -249,12 +249,15 @@ def check_cpu_bounds(index: torch.Tensor, n_rows: int) -> None:
 
 
 def check_strict_bounds(index: torch.Tensor, n_rows: int) -> None:
-    """``strict=True``: raise ``IndexError`` now if a CUDA id is out of range, after one device-to-host sync."""
+    """Raise ``IndexError`` now if an id is outside ``[0, n_rows)``, naming it and its position in the flattened
+    ids: ``strict=True``'s check of CUDA ids (its one device-to-host sync), and a unified tensor's of CPU ids
+    before they travel to the GPU."""
     if index.numel():
         lo, hi = torch.stack(torch.aminmax(index)).tolist()  # the one sync of strict mode
         if lo < 0 or hi >= n_rows:
-            bad = int(((index < 0) | (index >= n_rows)).nonzero()[0, 0])
-            raise out_of_range(int(index[bad]), n_rows, position=bad)
+            flat = index.reshape(-1)
+            bad = int(((flat < 0) | (flat >= n_rows)).nonzero()[0, 0])
+            raise out_of_range(int(flat[bad]), n_rows, position=bad)
 
 
 def check_tensor(t: object, name: str) -> None:
