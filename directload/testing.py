@@ -35,7 +35,7 @@ import torch
 from directload.buffers import StagingBuffer
 from directload.stores import CAPABILITIES, ClosedError, FeatureStore, HostCache, ReadFuture, Staged, Stats, TieredStats
 
-__all__ = ["StoreContract", "ROWS", "ROW"]
+__all__ = ["StoreContract", "ROWS", "ROW", "race_close", "in_child"]
 
 #: The table every test reads: ``ROWS`` rows of ``ROW`` elements.
 ROWS, ROW = 300, 5
@@ -283,7 +283,7 @@ class StoreContract(unittest.TestCase):
     def test_close_racing_reads_gives_them_closed_error_or_their_rows(self) -> None:
         for delay in (0.0, 0.005):
             with self.subTest(delay=delay):
-                errors, wrong, hung = _race_close(self.open(), self.table, delay)
+                errors, wrong, hung = race_close(self.open(), self.table, delay)
                 self.assertEqual((errors, wrong, hung), ([], 0, 0), "errors, reads of wrong rows, readers hung")
 
     @unittest.skipUnless(hasattr(os, "fork"), "needs os.fork")
@@ -294,24 +294,27 @@ class StoreContract(unittest.TestCase):
         ids = torch.arange(ROWS).flip(0)
         error = self.forked_child_error
 
-        def child() -> int:
+        def child() -> None:
             try:
                 got = store.read(ids)
             except BaseException as exc:  # noqa: BLE001 - the exit code tells the parent
                 if error is not None and isinstance(exc, error):
-                    return 0
+                    return
                 raise
-            return 0 if error is None and torch.equal(got, self.table[ids]) else 5
+            if error is not None or not torch.equal(got, self.table[ids]):
+                raise AssertionError("the child read wrong rows, or read where it should have refused")
 
         gc.collect()  # nothing left for the child to collect (a process group's destructor there would abort)
-        self.assertEqual(_in_child(child), 0, "the forked child read wrong rows or failed (its stderr says)")
+        self.assertEqual(in_child(child), 0, "the forked child read wrong rows or failed (its stderr says)")
         self.assertRows(store.read(ids), ids)  # and the parent reads on
 
 
-def _race_close(store: FeatureStore, table: torch.Tensor, delay: float) -> tuple[list[str], int, int]:
-    """Three threads read ``store`` (with hints) while this one closes it after ``delay`` seconds: the errors
-    other than :class:`~directload.stores.ClosedError` they met, their reads of wrong rows, and how many of them
-    still ran a minute after the close."""
+def race_close(store: FeatureStore, table: torch.Tensor, delay: float, *, reads: int = 100, batch: int = 64,
+               join_s: float = 60.0) -> tuple[list[str], int, int]:
+    """Three threads each read ``store`` (with hints) ``reads`` times, ``batch`` random rows of ``table`` at a
+    time, while this one closes it after ``delay`` seconds: the errors other than
+    :class:`~directload.stores.ClosedError` they met, their reads of wrong rows, and how many of them still ran
+    ``join_s`` seconds after the close."""
     errors: list[str] = []
     wrong = [0]
     start = threading.Barrier(4)
@@ -319,8 +322,8 @@ def _race_close(store: FeatureStore, table: torch.Tensor, delay: float) -> tuple
     def reader(seed: int) -> None:
         rng = np.random.default_rng(seed)
         start.wait()
-        for _ in range(100):
-            ids = torch.from_numpy(rng.integers(0, ROWS, 64))
+        for _ in range(reads):
+            ids = torch.from_numpy(rng.integers(0, table.shape[0], batch))
             try:
                 store.prefetch(ids)
                 got = store.read(ids)
@@ -339,18 +342,20 @@ def _race_close(store: FeatureStore, table: torch.Tensor, delay: float) -> tuple
     time.sleep(delay)
     store.close()
     for t in threads:
-        t.join(60)
+        t.join(join_s)
     return errors, wrong[0], sum(t.is_alive() for t in threads)
 
 
-def _in_child(body: Callable[[], int], timeout: float = 60.0) -> int:
-    """``body()``'s exit code in a forked child (4 where it raised, after printing why); a hang past
-    ``timeout`` seconds kills the child and raises ``AssertionError``."""
+def in_child(body: Callable[[], object], timeout: float = 60.0) -> int:
+    """Run ``body()`` in a forked child: its exit code, 0 where it returned (whatever it returned) and 4 where it
+    raised, after printing why; a child killed by a signal, or hung past ``timeout`` seconds (then killed), raises
+    ``AssertionError``."""
     pid = os.fork()
     if pid == 0:  # the child: never returns into the test runner
         code = 3
         try:
-            code = body()
+            body()
+            code = 0
         except BaseException as exc:  # noqa: BLE001 - the code tells the parent
             print(f"the forked child failed: {exc!r}", file=sys.stderr, flush=True)
             code = 4

@@ -4,7 +4,6 @@ parent's read in flight with a clear error, never crashes or hangs; close() raci
 ClosedError, whatever the store."""
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -24,6 +23,7 @@ from directload.stores import (
     TieredStore,
     write_disk_store,
 )
+from directload.testing import in_child, race_close
 
 ROWS, WIDTH = 4000, 64
 TABLE = torch.arange(ROWS * WIDTH, dtype=torch.float32).view(ROWS, WIDTH)
@@ -42,32 +42,6 @@ class GatedStore(TensorStore):
         self.entered.set()
         self.gate.wait(30)
         return super()._stage(rows, into, mapped)
-
-
-def in_child(body, timeout=60):
-    """Run ``body()`` in a forked child; its exit code (0: it returned), or a test failure on a hang or a
-    crash."""
-    pid = os.fork()
-    if pid == 0:
-        code = 3
-        try:
-            body()
-            code = 0
-        except BaseException as exc:  # noqa: BLE001 - the code tells the parent
-            print(f"child failed: {exc!r}", file=sys.stderr, flush=True)
-            code = 4
-        finally:
-            os._exit(code)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            assert os.WIFEXITED(status), f"the child died of signal {os.WTERMSIG(status)}"
-            return os.WEXITSTATUS(status)
-        time.sleep(0.02)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    pytest.fail(f"the forked child hung for {timeout} s")
 
 
 def reads_right(store, ids=None):
@@ -216,43 +190,11 @@ def closable(request, tmp_path):
     return make
 
 
-def race_close(store, delay):
-    """Three threads read (and hint) while this one closes ``store``: ``(errors, all rows right)``."""
-    errors, results = [], []
-    start = threading.Barrier(4)
-
-    def reader(seed):
-        rng = np.random.default_rng(seed)
-        start.wait()
-        for _ in range(200):
-            ids = torch.from_numpy(rng.integers(0, ROWS, 300))
-            try:
-                store.prefetch(ids)
-                got = store.read(ids)
-            except ClosedError:
-                return
-            except Exception as exc:  # noqa: BLE001 - every other error is a failure, reported below
-                errors.append(repr(exc))
-                return
-            results.append(torch.equal(got, TABLE[ids]))
-
-    threads = [threading.Thread(target=reader, args=(i,), daemon=True) for i in range(3)]
-    for t in threads:
-        t.start()
-    start.wait()
-    time.sleep(delay)
-    store.close()
-    for t in threads:
-        t.join(30)
-        assert not t.is_alive(), "a reader hung after close()"
-    return errors, all(results)
-
-
 def test_close_racing_reads_gives_them_closed_error_or_their_rows(closable):
     for round_ in range(8):
         store = closable()
-        errors, right = race_close(store, 0.002 * round_)
-        assert errors == [] and right
+        errors, wrong, hung = race_close(store, TABLE, 0.002 * round_, reads=200, batch=300, join_s=30)
+        assert (errors, wrong, hung) == ([], 0, 0), "errors, reads of wrong rows, readers hung after close()"
         with pytest.raises(ClosedError):
             store.read([1])
 
