@@ -2,14 +2,17 @@
 one report written as it goes.
 
 Run ``python benchmarks/gpu_suite.py`` (or ``directload bench gpu``; ``scripts/gpu_lease.sh`` on a lent
-machine).  Sections, in order, each with a time budget (``--plan`` prints them and exits):
+machine).  Sections, in order, each with a time budget (``--plan`` prints them, and the total with a fresh
+machine's setup, and exits):
 
-1. ``sort``: sorted vs unsorted ids (the ``+sort`` variants, and ids the caller sorted);
-2. ``tablesize``: one gather over tables of 256 MiB to 16 GiB;
-3. ``kernels``: every candidate (rowvec widths, naive, aligned, ``index_select``) vs torch's
+1. ``e2e``: the mission's headline: GraphSAGE epochs with PyG's loader, PyG's loader over directload's
+   features, directload's loader sampling on the CPU and directload's loader with the whole batch on the GPU,
+   side by side, stage by stage, host syncs counted (``benchmarks/gpu_epoch.py``);
+2. ``sort``: sorted vs unsorted ids (the ``+sort`` variants, and ids the caller sorted);
+3. ``tablesize``: one gather over tables of 256 MiB to 16 GiB;
+4. ``kernels``: every candidate (rowvec widths, naive, aligned, ``index_select``) vs torch's
    ``index_select`` and the ideal copy; ``unified[idx]`` against the goals; the alignment sweep;
-4. ``tuner``: the tuner's choice vs an exhaustive sweep (within 5%?);
-5. ``epoch``: a PyG-lane GraphSAGE epoch, PyG's loader against directload's;
+5. ``tuner``: the tuner's choice vs an exhaustive sweep (within 5%?);
 6. ``sample``: directload's GPU sampler over a unified graph against PyG's sampler (and DGL's UVA sampler
    where DGL runs), sampling alone (``benchmarks/sample_bench.py --device cuda``);
 7. ``hotpath``: ``pytest tests/gpu tests/kernels tests/unified`` with ``DIRECTLOAD_SYNC_DEBUG=1`` (the
@@ -75,18 +78,21 @@ def _bench(script, *args, share=1.0):
 
 
 SECTIONS = (
-    Section("sort", "1. Sorted vs unsorted ids", 100, 45,
+    Section("e2e", "1. The GPU epoch end to end: GraphSAGE with four loaders side by side, stage by stage", 240, 150,
+            (_bench("gpu_epoch.py", "--device", "cuda", "--name", "gpu/epoch_e2e"),),
+            (_bench("gpu_epoch.py", "--device", "cuda", "--quick", "--name", "gpu/epoch_e2e"),)),
+    Section("sort", "2. Sorted vs unsorted ids", 100, 35,
             (_bench("gather_bandwidth.py", "--device", "cuda", "--variants", "index_select", "rowvec", "aligned",
                     "--row-bytes", "256", "1024", "4096", "--counts", "16384", "131072", "--gather-mib",
                     "--no-tuner", "--name", "gpu/sort"),),
             (_bench("gather_bandwidth.py", "--device", "cuda", "--variants", "index_select", "rowvec", "aligned",
                     "--row-bytes", "256", "1024", "--counts", "131072", "--gather-mib", "--no-tuner", "--quick",
                     "--name", "gpu/sort"),)),
-    Section("tablesize", "2. Table-size sweep (256 MiB to 16 GiB)", 180, 75,
+    Section("tablesize", "3. Table-size sweep (256 MiB to 16 GiB)", 150, 50,
             (_bench("table_size_sweep.py", "--name", "gpu/table_size"),),
             (_bench("table_size_sweep.py", "--quick", "--name", "gpu/table_size"),)),
-    Section("kernels", "3. New kernels vs aligned vs index_select", 230, 90,
-            # Caller-sorted ids are section 1's and 2's; here every candidate, +sort variants included.
+    Section("kernels", "4. New kernels vs aligned vs index_select", 200, 70,
+            # Caller-sorted ids are section 2's and 3's; here every candidate, +sort variants included.
             (_bench("gather_bandwidth.py", "--device", "cuda", "--id-order", "random", "--name",
                     "gpu/gather_bandwidth", share=0.5),
              _bench("unified_gather.py", "--name", "gpu/unified_gather", share=0.3),
@@ -97,27 +103,27 @@ SECTIONS = (
                     "--name", "gpu/unified_gather", share=0.3),
              _bench("alignment_sweep.py", "--reps", "5", "--count", "16384", "--name", "gpu/alignment_sweep",
                     share=0.2))),
-    Section("tuner", "4. The tuner vs an exhaustive sweep", 150, 60,
+    Section("tuner", "5. The tuner vs an exhaustive sweep", 120, 40,
             (_bench("tuner_check.py", "--name", "gpu/tuner_check"),),
             (_bench("tuner_check.py", "--quick", "--name", "gpu/tuner_check"),)),
-    Section("epoch", "5. The PyG-lane epoch", 180, 120,
-            (Step(("benchmarks/loader_e2e.py", "--framework", "pyg", "--device", "cuda", "--seeds", "1", "--epochs",
-                   "2", "--out", "benchmarks/results/gpu", "--no-progress"), budgeted=False),)),
     Section("sample", "6. directload's GPU sampler vs PyG's (and DGL's UVA sampler where DGL runs)", 90, 30,
             (Step(("benchmarks/sample_bench.py", "--device", "cuda", "--rounds", "3"), budgeted=False),),
             (Step(("benchmarks/sample_bench.py", "--device", "cuda", "--quick"), budgeted=False),)),
     # The GPU tests first: a run stopped at its budget has them.
-    Section("hotpath", "7. Hot-path checks: the GPU, kernel and unified tests under sync debug mode", 180, 120,
+    Section("hotpath", "7. Hot-path checks: the GPU, kernel and unified tests under sync debug mode", 180, 90,
             (Step(("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu", "tests/kernels", "tests/unified"),
                   env={"DIRECTLOAD_SYNC_DEBUG": "1"}, budgeted=False),)),
 )
+#: Seconds a fresh lent machine spends outside the sections (scripts/gpu_lease.sh: the machine's facts, the
+#: installs from carried wheels, the report collected), which the quick plan's total counts.
+SETUP_S = 75
 
 
 def allot(section, left, quick, floor=FLOOR):
     """Seconds to give ``section`` with ``left`` seconds of the run remaining (None: no limit), or None when
     less than ``floor`` of its budget is left.  Pure.
 
-    >>> s = SECTIONS[0]
+    >>> s = SECTIONS[1]
     >>> allot(s, None, False), allot(s, 1000, False), allot(s, 60, False), allot(s, 40, False)
     (100, 100, 60, None)
     """
@@ -136,8 +142,8 @@ def plan(sections, *, quick=False, only=None, total_s=None):
     >>> rows, skipped = plan(SECTIONS, only={"sort", "tuner"}, total_s=200)
     >>> [(r["section"], r["budget s"]) for r in rows], skipped
     ([('sort', 100), ('tuner', 100)], [])
-    >>> plan(SECTIONS, total_s=120)[1][0]
-    '2. Table-size sweep (256 MiB to 16 GiB): skipped, 20 s left of the run and it needs at least 90 s'
+    >>> plan(SECTIONS, only={"sort", "tablesize"}, total_s=120)[1][0]
+    '3. Table-size sweep (256 MiB to 16 GiB): skipped, 20 s left of the run and it needs at least 75 s'
     """
     rows, skipped, left = [], [], total_s
     for s in sections:
@@ -158,7 +164,7 @@ def plan(sections, *, quick=False, only=None, total_s=None):
 def step_budgets(section, seconds, quick):
     """``[(step, seconds)]``: the section's seconds shared among its steps by their shares.  Pure.
 
-    >>> [round(b) for _, b in step_budgets(SECTIONS[2], 200, False)]
+    >>> [round(b) for _, b in step_budgets(SECTIONS[3], 200, False)]
     [100, 60, 40]
     """
     steps = section.steps_for(quick)
@@ -260,7 +266,10 @@ def main(argv=None):
         rows, skipped = plan(SECTIONS, quick=args.quick, only=only, total_s=args.budget_s)
         for r in rows:
             print(f"{r['budget s']:>5} s  {r['section']:<10}{r['title']}\n{'':19}{r['steps']}")
-        print(f"in all {sum(r['budget s'] for r in rows)} s at most" + "".join(f"\n{line}" for line in skipped))
+        sections = sum(r["budget s"] for r in rows)
+        print(f"in all {sections} s at most, {sections + SETUP_S} s ({(sections + SETUP_S) / 60:.1f} min) with "
+              f"about {SETUP_S} s of a fresh machine's setup (scripts/gpu_lease.sh)"
+              + "".join(f"\n{line}" for line in skipped))
         return 0
     from directload.capabilities import capabilities
 

@@ -12,7 +12,10 @@ import torch
 
 from directload.capabilities import usable_device
 from directload.kernels import sampling as cpu
+from directload.kernels.sampling_gpu import run_batch
+from directload.kernels.sampling_gpu_hetero import run_hetero_batch
 
+from .batch_device import BatchDevice, batch_device
 from .graph import CSCGraph
 from .unified import host_of, is_unified
 
@@ -178,6 +181,21 @@ def _seeds_array(seeds, num_nodes, what="seed"):
     return s
 
 
+def _device_seeds(seeds, path, num_nodes, launcher, what="seed"):
+    """``seeds`` checked and on ``path``'s device: host ids checked on the host and uploaded without a wait; ids
+    already on the device checked with one counted host read (their least and greatest)."""
+    if isinstance(seeds, torch.Tensor) and seeds.device.type != "cpu" and seeds.device == path.device:
+        if seeds.dtype not in (torch.int32, torch.int64) or seeds.dim() != 1:
+            raise TypeError(f"{what}s must be a 1-d int32 or int64 tensor, got {seeds.dtype} of shape "
+                            f"{tuple(seeds.shape)}")
+        if seeds.numel():
+            lo, hi = launcher.read(torch.stack([seeds.min(), seeds.max()]))
+            if lo < 0 or hi >= num_nodes:
+                raise IndexError(f"{what} {lo if lo < 0 else hi} is outside the graph's {num_nodes} nodes")
+        return seeds.to(torch.int64).contiguous()
+    return path.upload(torch.from_numpy(_seeds_array(seeds, num_nodes, what)))
+
+
 def generator_state(generator: torch.Generator | None) -> tuple[str, torch.Tensor] | None:
     """``generator`` (a ``torch.Generator`` or None) as something that pickles: its device and state.
 
@@ -250,9 +268,39 @@ class _Marks(threading.local):
         return cache[name, n]
 
 
-def _on_gpu(graph, device):
-    return device is not None and torch.device(device).type == "cuda" and (
-        graph.device.type == "cuda" or is_unified(graph.indptr))
+def _device_path(graph, device):
+    """The :class:`~directload.batch_device.BatchDevice` that samples ``graph`` for ``device`` (None: the CPU
+    twin runs): a CUDA device over a graph in its memory or unified, or a device given as a BatchDevice, which
+    must be able to read the graph where it lives."""
+    if isinstance(device, BatchDevice):
+        arrays = [a for a in (graph.indptr, graph.indices, graph.eids, graph.weights) if a is not None]
+        if not all(device.readable(a) for a in arrays):
+            raise ValueError(f"{device!r} cannot read this graph where it lives ({graph.device}); pin it "
+                             "(graph.to_unified()) or move it to the device")
+        return device
+    if device.type == "cuda" and (graph.device.type == "cuda" or is_unified(graph.indptr)):
+        return batch_device(device)
+    return None
+
+
+class _DeviceMarks(threading.local):
+    """One all-zero mark tensor per thread on a sampler's device (reset after every batch by the kernels)."""
+
+    def __reduce__(self):
+        return _DeviceMarks, ()
+
+    def get(self, device, n, name=None):
+        cache = self.__dict__.setdefault("tensors", {})
+        if (name, n) not in cache:
+            cache[name, n] = device.zeros(n, torch.int64)
+        return cache[name, n]
+
+
+def _resolve_device(device):
+    """``(torch device, BatchDevice or None as given)``: a BatchDevice's own device, else :func:`check_device`."""
+    if isinstance(device, BatchDevice):
+        return device.device, device
+    return check_device(device), None
 
 
 class NeighborSampler:
@@ -284,10 +332,13 @@ class NeighborSampler:
         Pick proportionally to ``graph.weights`` (edges of weight 0 never).
     layout : {"pyg", "dgl"}
         Which nodes each hop samples (see :data:`LAYOUTS`).
-    device : str or torch.device, optional
+    device : str, torch.device or BatchDevice, optional
         Where batches are made and returned: ``"cuda"`` runs the GPU kernels
-        over a unified or CUDA graph; otherwise the CPU twin runs on Numba's
-        threads and returns CPU tensors.
+        over a unified or CUDA graph (the batch never leaves the GPU; one host
+        read per batch, plus one per hop of fanout -1); otherwise the CPU twin
+        runs on Numba's threads (its batch copied to ``device``).  A
+        :class:`~directload.batch_device.BatchDevice` runs the device path on
+        it (the host emulation's, in tests).
     generator : torch.Generator, optional
 
     Examples
@@ -307,14 +358,14 @@ class NeighborSampler:
     """
 
     def __init__(self, graph: CSCGraph, fanouts: Iterable[int], *, replace: bool = False, weighted: bool = False,
-                 layout: str = "pyg", device: torch.device | str | None = None,
+                 layout: str = "pyg", device: torch.device | str | BatchDevice | None = None,
                  generator: torch.Generator | None = None) -> None:
         if not isinstance(graph, CSCGraph):
             raise TypeError(f"graph must be a directload.graph.CSCGraph, got {type(graph).__name__}")
         if graph.num_src_nodes != graph.num_nodes:
             raise ValueError("a homogeneous sampler needs as many source as destination nodes; "
                              "use HeteroNeighborSampler for a bipartite relation")
-        self.device = check_device(device)
+        self.device, given = _resolve_device(device)
         self.fanouts = check_fanouts(fanouts)
         _check_layout(layout)
         if weighted and graph.weights is None:
@@ -325,7 +376,8 @@ class NeighborSampler:
                              "graph.to('cpu'))")
         self._keys = _Keys(generator)
         self._marks = _Marks()
-        self._gpu = _on_gpu(graph, self.device)
+        self._path = _device_path(graph, given or self.device)
+        self._device_marks = _DeviceMarks()
 
     def __repr__(self):
         return (f"NeighborSampler(fanouts={self.fanouts}, replace={self.replace}, weighted={self.weighted}, "
@@ -333,8 +385,16 @@ class NeighborSampler:
 
     @property
     def backend(self) -> str:
-        """``"cuda"`` (the GPU kernels) or ``"cpu"`` (the Numba twin)."""
-        return "cuda" if self._gpu else "cpu"
+        """``"cuda"`` (the GPU kernels), ``"emulated"`` (them on the host emulation) or ``"cpu"`` (the Numba
+        twin)."""
+        if self._path is None:
+            return "cpu"
+        return "cuda" if self._path.device.type == "cuda" else self._path.name
+
+    @property
+    def batch_device(self) -> BatchDevice | None:
+        """The device path that makes the batches (None: the CPU twin)."""
+        return self._path
 
     def sample(self, seeds: torch.Tensor | np.ndarray, *, key: int | None = None) -> SampledBatch:
         """Sample one batch around ``seeds`` (node ids; a repeated one keeps its place).
@@ -349,16 +409,19 @@ class NeighborSampler:
         ValueError
             A bad key.
         """
+        path = self._path
+        if path is not None:
+            launcher = path.launcher()
+            on_device = _device_seeds(seeds, path, self.graph.num_nodes, launcher)
+            key = self._keys.next(key)
+            g = self.graph
+            marks = self._device_marks.get(path, g.num_nodes)
+            nodes, hops, nn, ne = run_batch(launcher, g.indptr, g.indices, g.eids,
+                                            g.weights if self.weighted else None, on_device, self.fanouts,
+                                            self.replace, key, self.layout, marks)
+            return SampledBatch(nodes, hops, nn, ne, key)
         s = _seeds_array(seeds, self.graph.num_nodes)
         key = self._keys.next(key)
-        if self._gpu:
-            from directload.kernels import sampling_gpu
-            seeds_dev = torch.from_numpy(s).to(self.device)
-            nodes, hops, nn, ne = sampling_gpu.sample_batch(
-                self.graph.indptr, self.graph.indices, self.graph.eids,
-                self.graph.weights if self.weighted else None, seeds_dev, self.fanouts, self.replace, key,
-                self.layout, self.device)
-            return SampledBatch(nodes, hops, nn, ne, key)
         indptr, indices, eids, weights = self.graph.numpy()
         host_nodes, host_hops, nn, ne = cpu.sample_batch(indptr, indices, eids, weights if self.weighted else None,
                                                          s, self.fanouts, self.replace, key, self.layout,
@@ -374,8 +437,11 @@ class HeteroNeighborSampler:
     At each hop, for every edge type ``(src, rel, dst)`` in the order given,
     the ``dst`` nodes to sample (new at the hop before with ``layout="pyg"``,
     all so far with ``"dgl"``) get their picks from that relation, and new
-    ``src`` nodes join the batch for the next hop.  Runs the CPU twin; with
-    ``device="cuda"`` the batch is copied there.
+    ``src`` nodes join the batch for the next hop.  With ``device="cuda"``
+    over relations that are all unified or on the GPU, the GPU kernels make
+    the batch there (the same batch as the CPU twin's for the same key; one
+    host read per batch, plus one per relation and hop of fanout -1);
+    otherwise the CPU twin runs and its batch is copied to ``device``.
 
     Parameters
     ----------
@@ -404,9 +470,9 @@ class HeteroNeighborSampler:
 
     def __init__(self, graphs: dict[tuple[str, str, str], CSCGraph], num_nodes: Mapping[str, int],
                  fanouts: dict[tuple[str, str, str], Iterable[int]], *, replace: bool = False,
-                 weighted: bool = False, layout: str = "pyg", device: torch.device | str | None = None,
+                 weighted: bool = False, layout: str = "pyg", device: torch.device | str | BatchDevice | None = None,
                  generator: torch.Generator | None = None) -> None:
-        self.device = check_device(device)
+        self.device, given = _resolve_device(device)
         _check_layout(layout)
         if not isinstance(graphs, dict) or not graphs:
             raise TypeError("graphs must be a non-empty dict {(src, rel, dst): CSCGraph}")
@@ -442,6 +508,26 @@ class HeteroNeighborSampler:
         self._keys = _Keys(generator)
         self._marks = _Marks()
         self._arrays = None
+        paths = {_device_path(g, given or self.device) for g in self.graphs.values()}
+        self._path = paths.pop() if len(paths) == 1 else None  # every relation where the device reads it, or none
+        self._device_marks = _DeviceMarks()
+
+    @property
+    def batch_device(self) -> BatchDevice | None:
+        """The device path that makes the batches (None: the CPU twin, its batch copied to ``device``)."""
+        return self._path
+
+    def _sample_on(self, path, seeds, key):
+        launcher = path.launcher()
+        on_device = {t: _device_seeds(ids, path, self.num_nodes[t], launcher) for t, ids in seeds.items()}
+        key = self._keys.next(key)
+        graphs = {et: (g.indptr, g.indices, g.eids, g.weights if self.weighted else None)
+                  for et, g in self.graphs.items()}
+        keys = {et: _salted(key, index + 1) for index, et in enumerate(self.graphs)}
+        marks = {t: self._device_marks.get(path, n, t) for t, n in self.num_nodes.items()}
+        nodes, hops, nn, ne = run_hetero_batch(launcher, graphs, self.num_nodes, on_device, self.fanouts,
+                                               self.replace, keys, self.layout, marks)
+        return HeteroSampledBatch(nodes, hops, nn, ne, key)
 
     def _numpy(self):
         if self._arrays is None:
@@ -458,6 +544,8 @@ class HeteroNeighborSampler:
         for t in seeds:
             if t not in self.num_nodes:
                 raise ValueError(f"seed type {t!r} is not a node type of the graph")
+        if self._path is not None:
+            return self._sample_on(self._path, seeds, key)
         arrays = self._numpy()
         key = self._keys.next(key)
         buf = {t: np.empty(0, np.int64) for t in self.num_nodes}

@@ -7,7 +7,7 @@ import torch
 
 from . import host_emu
 from .indexing import persistent_grid
-from .sampling_gpu import name_expression, run_batch, run_hop
+from .sampling_gpu import HostReads, name_expression, run_batch, run_hop
 
 __all__ = ["POISON", "GUARD", "Launcher", "sample_hop", "sample_batch"]
 
@@ -54,6 +54,8 @@ class Launcher:
     ----------
     launched : list
         ``(name expression, args)`` of every launch, in order.
+    reads : HostReads
+        The host reads the drivers made (:meth:`read`), as a GPU's launcher counts them.
 
     Examples
     --------
@@ -63,8 +65,9 @@ class Launcher:
     True
     """
 
-    def __init__(self, grid=3, block=32, poison=True):
+    def __init__(self, grid=3, block=32, poison=True, reads=None):
         self.grid, self.block, self.poison = grid, block, poison
+        self.reads = reads if reads is not None else HostReads()
         self.launched = []
         self._guards = []
 
@@ -85,6 +88,11 @@ class Launcher:
         base.view(torch.uint8).fill_(POISON)
         self._guards.append(base[size:])
         return base[:size]
+
+    def read(self, values):
+        """``values`` as ints, counted as a host read."""
+        self.reads.add()
+        return values.tolist()
 
     def check_guards(self):
         """Raise :class:`~kernels.host_emu.EmulationError` if a kernel wrote past a buffer's end."""

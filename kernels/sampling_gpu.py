@@ -20,98 +20,25 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Protocol
 
 import numpy as np
 import torch
 
-__all__ = ["SOURCE", "NVRTC_OPTIONS", "LAYOUTS", "kernel_names", "name_expression", "CupyLauncher", "run_hop",
+# The launch side (names, the launcher contract, CuPy's launcher) has its own module; its names stay here too.
+from .sample_launch import NVRTC_OPTIONS, SOURCE, CupyLauncher, HostReads, SampleLauncher, kernel_names, name_expression
+
+__all__ = ["SOURCE", "NVRTC_OPTIONS", "LAYOUTS", "kernel_names", "name_expression", "SampleLauncher", "HostReads",
+           "CupyLauncher", "count_picks", "pick", "place_seeds", "relabel", "edge_bound", "grown", "run_hop",
            "run_batch", "sample_hop", "sample_batch"]
 
-#: The CUDA C source, in ``kernels/cuda``.
-SOURCE = "sample.cu"
-#: No fused multiply-adds: the picks' float arithmetic must round as the CPU twin's does.
-NVRTC_OPTIONS = ("--fmad=false",)
 #: ``"pyg"``: each hop samples the nodes new at the hop before; ``"dgl"``: every node reached so far.
 LAYOUTS = ("pyg", "dgl")
 
-_C_TYPES = {torch.int32: "int", torch.int64: "long long", torch.float32: "float", torch.float64: "double"}
 _INDEX = (torch.int32, torch.int64)
 _REAL = (torch.float32, torch.float64)
 _NULL = np.uint64(0)
 #: One hop of a batch: ``(row, col, eid)``.
 Hop = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-
-
-def name_expression(kernel: str, types: Sequence[torch.dtype]) -> str:
-    """The template name expression of ``kernel`` over torch dtypes ``types``.
-
-    >>> name_expression("sample_counts", (torch.int64, torch.float32))
-    'sample_counts<long long, float>'
-    >>> name_expression("reset_marks", ())
-    'reset_marks'
-    """
-    if not types:
-        return kernel
-    return f"{kernel}<{', '.join(_C_TYPES[t] for t in types)}>"
-
-
-def kernel_names() -> list[str]:
-    """Every specialisation of sample.cu: indptr and indices int32/int64, edge ids int32/int64, weights
-    float32/float64.
-
-    >>> len(kernel_names())
-    31
-    """
-    names = [name_expression("sample_counts", (p, w)) for p in _INDEX for w in _REAL]
-    names += [name_expression("sample_picks", (p, i, e, w)) for p in _INDEX for i in _INDEX for e in _INDEX
-              for w in _REAL]
-    names += [name_expression(k, (i,)) for k in ("relabel_claim", "place_seeds", "relabel_flag", "relabel_append",
-                                                  "relabel_rows") for i in _INDEX]
-    return names + ["reset_marks"]
-
-
-class SampleLauncher(Protocol):
-    """What :func:`run_hop` and :func:`run_batch` launch through: :class:`CupyLauncher`, or the host emulation's
-    ``kernels.host_emu_sample.Launcher``."""
-
-    def launch(self, kernel: str, types: Sequence[torch.dtype], threads: int, args: Sequence[np.generic]) -> None:
-        """Start ``kernel<types>`` for ``threads`` grid-strided threads; ``args`` are numpy scalars."""
-
-    def empty(self, size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """An uninitialised buffer of ``size`` elements."""
-
-
-class CupyLauncher:
-    """Launches sample.cu's kernels on one device and stream through CuPy (``kernels.cupy_backend``).
-
-    Parameters
-    ----------
-    device_id : int
-        The CUDA device.
-    stream_ptr : int
-        The ``cudaStream_t`` to launch on (torch's current stream, for ordering with torch's own work).
-
-    Examples
-    --------
-    >>> launcher = CupyLauncher(0, torch.cuda.current_stream().cuda_stream)  # doctest: +SKIP
-    >>> launcher.empty(4, torch.int64, torch.device("cuda")).shape  # doctest: +SKIP
-    torch.Size([4])
-    """
-
-    def __init__(self, device_id: int, stream_ptr: int) -> None:
-        self.device_id, self.stream_ptr = device_id, stream_ptr
-
-    def launch(self, kernel: str, types: Sequence[torch.dtype], threads: int, args: Sequence[np.generic]) -> None:
-        """Start ``kernel<types>`` for ``threads`` grid-strided threads; ``args`` are numpy scalars."""
-        from .cupy_backend import launch_kernel
-
-        launch_kernel(self.device_id, name_expression(kernel, types), threads, args, self.stream_ptr,
-                      source=SOURCE, options=NVRTC_OPTIONS)
-
-    def empty(self, size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """An uninitialised buffer of ``size`` elements (the kernels write every element that is read)."""
-        return torch.empty(size, dtype=dtype, device=device)
 
 
 def _ptr(t):
@@ -127,7 +54,8 @@ def _eids_type(indices, eids):
     return indices.dtype if eids is None else eids.dtype
 
 
-def _counts(launcher, indptr, weights, nodes, lo_at, hi_at, bound, fanout, replace):
+def count_picks(launcher: SampleLauncher, indptr: torch.Tensor, weights: torch.Tensor | None, nodes: torch.Tensor,
+                lo_at: torch.Tensor, hi_at: torch.Tensor, bound: int, fanout: int, replace: bool) -> torch.Tensor:
     """Per-node pick counts of the frontier ``nodes[*lo_at:*hi_at]`` (at most ``bound``), scanned into offsets."""
     device = nodes.device
     counts = launcher.empty(bound, torch.int64, device)
@@ -139,7 +67,9 @@ def _counts(launcher, indptr, weights, nodes, lo_at, hi_at, bound, fanout, repla
     return offsets
 
 
-def _picks(launcher, graph, nodes, lo_at, hi_at, bound, edges, replace, key, hop, offsets, col):
+def pick(launcher: SampleLauncher, graph: tuple, nodes: torch.Tensor, lo_at: torch.Tensor, hi_at: torch.Tensor,
+         bound: int, edges: int, replace: bool, key: int, hop: int, offsets: torch.Tensor,
+         col: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The frontier's picks into buffers of ``edges`` entries: ``(neighbours, edge ids)``."""
     indptr, indices, eids, weights = graph
     device = nodes.device
@@ -180,14 +110,15 @@ def run_hop(launcher: SampleLauncher, indptr: torch.Tensor, indices: torch.Tenso
     n = nodes.shape[0]
     span = torch.zeros(2, dtype=torch.int64, device=device)
     span[1:].fill_(n)
-    offsets = _counts(launcher, indptr, weights, nodes, span[:1], span[1:], n, fanout, replace)
-    edges = int(offsets[-1])  # the one host read: sizes the outputs exactly
-    nbr, eid = _picks(launcher, (indptr, indices, eids, weights), nodes, span[:1], span[1:], n, edges, replace, key,
-                      hop, offsets, None)
+    offsets = count_picks(launcher, indptr, weights, nodes, span[:1], span[1:], n, fanout, replace)
+    (edges,) = launcher.read(offsets[-1:])  # the one host read: sizes the outputs exactly
+    nbr, eid = pick(launcher, (indptr, indices, eids, weights), nodes, span[:1], span[1:], n, edges, replace, key,
+                    hop, offsets, None)
     return nbr, eid, offsets
 
 
-def _place_seeds(launcher, seeds, marks, nodes, stages):
+def place_seeds(launcher: SampleLauncher, seeds: torch.Tensor, marks: torch.Tensor, nodes: torch.Tensor,
+                stages: torch.Tensor) -> None:
     """``kernels.sampling.place_seeds``: the seeds first in ``nodes``, each in its place; ``stages[1]`` their
     count."""
     n = seeds.shape[0]
@@ -197,7 +128,8 @@ def _place_seeds(launcher, seeds, marks, nodes, stages):
     launcher.launch("place_seeds", (seeds.dtype,), n, (*args, _ptr(nodes)))
 
 
-def _relabel(launcher, nbr, total_at, bound, marks, nodes, stages, s):
+def relabel(launcher: SampleLauncher, nbr: torch.Tensor, total_at: torch.Tensor, bound: int, marks: torch.Tensor,
+            nodes: torch.Tensor, stages: torch.Tensor, s: int) -> torch.Tensor:
     """Nodes of ``nbr[:*total_at]`` not yet in the batch appended to ``nodes`` from ``stages[s]`` on, in the
     order first seen; ``stages[s + 1]`` set to the new count.  Returns the edges' local ids."""
     device = nbr.device
@@ -220,7 +152,7 @@ def _relabel(launcher, nbr, total_at, bound, marks, nodes, stages, s):
     return flags
 
 
-def _edge_bound(frontier_bound, seeds, fanout, replace, num_edges):
+def edge_bound(frontier_bound: int, seeds: int, fanout: int, replace: bool, num_edges: int) -> int:
     """Most edges a hop of fanout >= 0 can give over a frontier of ``frontier_bound`` nodes whose first ``seeds``
     are the seeds: ``fanout`` each, and without replacement each edge at most once over the distinct nodes after
     the seeds (a seed may repeat)."""
@@ -228,7 +160,7 @@ def _edge_bound(frontier_bound, seeds, fanout, replace, num_edges):
     return seeds * fanout + (rest if replace else min(rest, num_edges))
 
 
-def _grown(launcher, nodes, size):
+def grown(launcher: SampleLauncher, nodes: torch.Tensor, size: int) -> torch.Tensor:
     """``nodes`` in a buffer of ``size`` entries (after a fanout -1 hop outgrew the plan)."""
     out = launcher.empty(size, nodes.dtype, nodes.device)
     out[:nodes.shape[0]].copy_(nodes)
@@ -241,7 +173,7 @@ def _plan(n_seeds, fanouts, replace, pyg, num_nodes, num_edges):
     new = node = n_seeds
     for hop, fanout in enumerate(fanouts):
         seeded = n_seeds if hop == 0 or not pyg else 0
-        edges = _edge_bound(new if pyg else node, seeded, max(fanout, 0), replace, num_edges)
+        edges = edge_bound(new if pyg else node, seeded, max(fanout, 0), replace, num_edges)
         new = min(edges, num_nodes)
         node = min(node + new, n_seeds + num_nodes)
     return node
@@ -278,7 +210,7 @@ def run_batch(launcher: SampleLauncher, indptr: torch.Tensor, indices: torch.Ten
     nodes = launcher.empty(_plan(n_seeds, fanouts, replace, pyg, num_nodes, num_edges), torch.int64, device)
     done = 0  # stages[done] is the last count written
     try:
-        _place_seeds(launcher, seeds.contiguous(), marks, nodes, stages)
+        place_seeds(launcher, seeds.contiguous(), marks, nodes, stages)
         done = 1
         new = node = n_seeds
         hops, totals = [], []
@@ -286,22 +218,22 @@ def run_batch(launcher: SampleLauncher, indptr: torch.Tensor, indices: torch.Ten
             replace_h = replace and fanout >= 0  # -1: every edge once, as kernels.sampling.sample_hop
             bound = new if pyg else node
             lo_at, hi_at = stages[hop:hop + 1] if pyg else stages[:1], stages[hop + 1:hop + 2]
-            offsets = _counts(launcher, indptr, weights, nodes, lo_at, hi_at, bound, fanout, replace_h)
+            offsets = count_picks(launcher, indptr, weights, nodes, lo_at, hi_at, bound, fanout, replace_h)
             if fanout < 0:
-                edges = int(offsets[-1])  # a host read: all edges of the frontier, sized exactly
+                (edges,) = launcher.read(offsets[-1:])  # a host read: all edges of the frontier, sized exactly
             else:
-                edges = _edge_bound(bound, n_seeds if hop == 0 or not pyg else 0, fanout, replace_h, num_edges)
+                edges = edge_bound(bound, n_seeds if hop == 0 or not pyg else 0, fanout, replace_h, num_edges)
             new = min(edges, num_nodes)
             node = min(node + new, n_seeds + num_nodes)
             if nodes.shape[0] < node:
-                nodes = _grown(launcher, nodes, node)
+                nodes = grown(launcher, nodes, node)
             col = launcher.empty(edges, torch.int64, device)
-            nbr, eid = _picks(launcher, graph, nodes, lo_at, hi_at, bound, edges, replace_h, key, hop, offsets, col)
-            rows = _relabel(launcher, nbr, offsets[bound:], edges, marks, nodes, stages, hop + 1)
+            nbr, eid = pick(launcher, graph, nodes, lo_at, hi_at, bound, edges, replace_h, key, hop, offsets, col)
+            rows = relabel(launcher, nbr, offsets[bound:], edges, marks, nodes, stages, hop + 1)
             done = hop + 2
             hops.append((rows, col, eid))
             totals.append(offsets[bound:])
-        sizes = torch.cat([stages[1:], *totals]).tolist()  # the batch's one host read
+        sizes = launcher.read(torch.cat([stages[1:], *totals]))  # the batch's one host read
     finally:
         launcher.launch("reset_marks", (), nodes.shape[0],
                         (_ptr(marks), _ptr(nodes), _ptr(stages[done:]), np.int64(nodes.shape[0])))

@@ -69,6 +69,7 @@ def _runs(dataset, base, model, seed, loaders, progress):
                      "wall_s": time.perf_counter() - t0,
                      "valid_acc": res.valid_acc, "test_acc": res.test_acc,
                      "epochs": [asdict(e) for e in res.epochs], "config": res.config, "warm": res.warm,
+                     "stages": getattr(res, "stages", None) or {},
                      **({"ranks": res.ranks} if res.ranks else {}),
                      **({"budget": res.budget} if res.budget else {})})
     return rows
@@ -115,6 +116,8 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         for key in TIME_KEYS:
             row[key] = statistics.median(_steady(r["epochs"], key) for r in rs)
         row["first_epoch_s"] = statistics.median(r["epochs"][0]["epoch_s"] for r in rs)
+        if rs[0].get("stages"):
+            row["stages"] = rs[0]["stages"]
         if all(r.get("warm") for r in rs):  # packed tiers: the caches filled before the first epoch
             row["warm_s"] = statistics.median(r["warm"]["seconds"] for r in rs)
         ios = [e["io"] for r in rs for e in r["epochs"][1:] or r["epochs"] if e.get("io")]
@@ -225,6 +228,8 @@ def print_summary(summary: Sequence[Mapping[str, Any]], meta: Mapping[str, Any])
     for row in table:
         print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
     for r in summary:
+        if r.get("stages"):
+            print(f"{r['model']}/{r['loader']} ran: " + ", ".join(f"{k} on {v}" for k, v in r["stages"].items()))
         if "first_epoch_vs_reference" in r:
             print(f"{r['model']}/{r['loader']} first epoch of seed {r['first_seed']}, one-time costs in it (imports, "
                   f"kernels loaded, cold caches): {r['first_seed_first_epoch_s']:.3f} s against "

@@ -31,6 +31,7 @@ from .train_inputs import (
     feature_store,
     memmap_features,
     run_store,
+    stage_devices,
 )
 
 if TYPE_CHECKING:
@@ -139,6 +140,8 @@ class RunResult:
     ranks: list[list[dict[str, Any]]] | None = None  # DDP runs: every rank's epochs (rank 0's are ``epochs``)
     # runs in a node budget: its name and limits, and this loader's share at each epoch's end
     budget: dict[str, Any] | None = None
+    # where each stage of the batches ran: {"sample", "gather", "train"} to a device
+    stages: dict[str, str] = field(default_factory=dict)
 
 
 def _framework(cfg):
@@ -214,13 +217,14 @@ def evaluate(model: torch.nn.Module, cfg: TrainConfig, dataset: Dataset, ids: to
     fw = fw or _framework(cfg)
     ids = _eval_ids(ids, cfg.eval_nodes)
     model.eval()
-    correct = total = 0
+    correct: torch.Tensor | int = 0  # on the device, read once: a read per batch would wait for it
+    total = 0
     for batch in fw.epoch(fw.make_loader(cfg, dataset, ids, cfg.eval_batch_size, False)):
         logits, y = fw.forward(model, batch, cfg)
-        correct += (logits.argmax(1) == y).sum().item()
+        correct = correct + (logits.argmax(1) == y).sum()
         total += len(y)
     model.train()
-    return correct / max(total, 1)
+    return int(correct) / max(total, 1)
 
 
 def train(dataset: Dataset, cfg: TrainConfig, *, progress: bool = True, evaluate_each_epoch: bool = False) -> RunResult:
@@ -251,7 +255,7 @@ def train(dataset: Dataset, cfg: TrainConfig, *, progress: bool = True, evaluate
 
         trained = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     opt = torch.optim.Adam(trained.parameters(), lr=cfg.lr)
-    result = RunResult(config=cfg.to_dict())
+    result = RunResult(config=cfg.to_dict(), stages=stage_devices(cfg))
     handle = run_store(dataset, cfg)  # directload's stack and its share of a node budget, if it reads one
     try:
         if handle is not None and handle.share is not None:
@@ -321,7 +325,7 @@ def _epochs(dataset, cfg, fw, model, opt, loader, store, result, progress, evalu
             opt.zero_grad()
             loss.backward()
             opt.step()
-            losses.append(loss.item())
+            losses.append(loss.detach())  # read once an epoch: a read per batch would wait for the device
             t2 = time.perf_counter()
             wait_s += t1 - t0
             train_s += t2 - t1
@@ -333,7 +337,8 @@ def _epochs(dataset, cfg, fw, model, opt, loader, store, result, progress, evalu
         else:
             gather_s = TimedTable.seconds
             sample_s = wait_s - gather_s  # the rest of next() is sampling (and batch assembly)
-        stats = EpochStats(epoch, epoch_s, sample_s, gather_s, train_s, wait_s, len(losses), float(np.mean(losses)))
+        mean_loss = float(torch.stack(losses).float().mean()) if losses else float("nan")
+        stats = EpochStats(epoch, epoch_s, sample_s, gather_s, train_s, wait_s, len(losses), mean_loss)
         if cfg.loader == "directload":
             stats.lookahead = it.stats.get("lookahead")  # the L this epoch ran with (lookahead="auto" picks it)
         if store is not None and cfg.features == "disk" and not cfg.store.partitioned:

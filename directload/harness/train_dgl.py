@@ -12,7 +12,7 @@ from torch import nn
 from directload.capabilities import require
 from directload.unified import host_of
 
-from .train_inputs import TimedTable, feature_store, memmap_features
+from .train_inputs import TimedTable, feature_store, memmap_features, stage_devices
 
 dgl = require("dgl")  # with DGL's PyTorch backend, the environment left as it was
 
@@ -102,7 +102,8 @@ def graph_sampler(cfg: RunConfig, **prefetch: Any) -> BlockSampler:
     if cfg.sampler == "directload":
         from directload.loaders.dgl import NeighborSampler
 
-        return NeighborSampler(list(cfg.fanouts), **prefetch)
+        where = stage_devices(cfg)["sample"]  # directload's loader on a GPU: the batch sampled there
+        return NeighborSampler(list(cfg.fanouts), device=where if where != "cpu" else None, **prefetch)
     return dgl.dataloading.NeighborSampler(list(cfg.fanouts), **prefetch)
 
 

@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 #: command line's options over its defaults: :class:`~directload.harness.options.RunOptions` either way.
 RunConfig: TypeAlias = RunOptions
 
-__all__ = ["TimedTable", "DISK_FILE", "PACKED_FILE", "FEATURE_MODES", "feature_store", "run_store", "store_spec",
-           "feature_file", "disk_store", "memmap_features", "TableShape", "table_shape", "batch_rows", "run_memory",
+__all__ = ["TimedTable", "DISK_FILE", "PACKED_FILE", "FEATURE_MODES", "stage_devices", "feature_store", "run_store",
+           "store_spec", "feature_file", "disk_store", "memmap_features", "TableShape", "table_shape", "batch_rows",
+           "run_memory",
            "check_memory_limit", "GRAPH_EDGE_BYTES", "GRAPH_NODE_BYTES", "LOADER_BATCHES", "RunConfig"]
 
 DISK_FILE = "disk/node-feat.npy"
@@ -54,6 +55,26 @@ class TimedTable(torch.Tensor):
         if func in cls._TIMED:
             TimedTable.seconds += time.perf_counter() - t0
         return out
+
+
+def stage_devices(cfg: RunConfig) -> dict[str, str]:
+    """Where each stage of a run's batches runs: ``{"sample", "gather", "train"}`` to a device name.
+
+    On a GPU, directload's loader with directload's sampler samples there (both frameworks; PyG's over the
+    dataset's tables, not a disk store's, whose reads start on the host); directload's loader gathers onto it
+    (zero-copy from the unified table, or from its stores' device tiers).  A framework's own loader samples and
+    gathers on the CPU, then copies the batch.
+
+    >>> from directload.harness.options import RunOptions
+    >>> stage_devices(RunOptions())
+    {'sample': 'cpu', 'gather': 'cpu', 'train': 'cpu'}
+    """
+    gpu = torch.device(cfg.device).type == "cuda"
+    ours = cfg.loader == "directload"
+    store_path = cfg.framework == "pyg" and cfg.features != "memory"
+    sample_gpu = gpu and ours and cfg.sampler == "directload" and not store_path
+    return {"sample": cfg.device if sample_gpu else "cpu", "gather": cfg.device if gpu and ours else "cpu",
+            "train": cfg.device}
 
 
 def feature_store(dataset: Dataset, cfg: RunConfig) -> FeatureStore | None:

@@ -14,7 +14,7 @@ from torch_geometric.nn import GATConv, SAGEConv
 
 from directload.unified import host_of
 
-from .train_inputs import TimedTable, feature_store, memmap_features
+from .train_inputs import TimedTable, feature_store, memmap_features, stage_devices
 
 if TYPE_CHECKING:
     from torch_geometric.data import Data
@@ -171,7 +171,17 @@ def make_loader(cfg: RunConfig, dataset: Dataset, ids: torch.Tensor, batch_size:
         fs, gs = stores_from(dataset.to_pyg())
         fs.put_tensor(store, group_name=None, attr_name="x", index=None)
         return NeighborLoader((fs, gs), lookahead=cfg.lookahead, **kw)
-    return NeighborLoader(dataset.to_pyg(), lookahead=cfg.lookahead, **kw)
+    where = stage_devices(cfg)["sample"]
+    if where == "cpu":
+        return NeighborLoader(dataset.to_pyg(), lookahead=cfg.lookahead, **kw)
+    # directload's sampler on a GPU: the whole batch made there, over the dataset's kept CSC (mapped from its
+    # files: with --nproc N, one copy of the graph for every rank of the machine, each sampling on its GPU)
+    from directload.loaders.pyg import NeighborSampler
+
+    data = dataset.to_pyg()
+    kw["neighbor_sampler"] = NeighborSampler(data, kw["num_neighbors"], device=where, keep_on_device=True,
+                                             graph=dataset.csc())
+    return NeighborLoader(data, lookahead=cfg.lookahead, device=where, **kw)
 
 
 def input_nodes(cfg: RunConfig, dataset: Dataset, ids: torch.Tensor, batch_size: int) -> Iterator[torch.Tensor]:

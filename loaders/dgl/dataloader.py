@@ -151,8 +151,9 @@ def resolve_sampler(sampler: str | None, graph_sampler: dgl.dataloading.Sampler,
     a loader): ``graph_sampler`` as given.  ``"directload"``: DGL's own
     ``NeighborSampler`` (or ``MultiLayerFullNeighborSampler``) becomes
     directload's :class:`~directload.loaders.dgl.NeighborSampler` with its
-    settings.  The one given runs, said in a one-line ``UserWarning``, with
-    ``use_uva=True``, for another kind of graph sampler, and for user code:
+    settings (with ``use_uva=True`` it samples on the GPU, over the pinned
+    graph).  The one given runs, said in a one-line ``UserWarning``, for
+    another kind of graph sampler, and for user code:
     a subclass that defines any method but ``__init__`` (``sample_blocks``,
     ``sample``, ``assign_lazy_features``, ...), or a sampler with attributes
     DGL's lacks ("MySampler overrides sample_blocks: DGL's sampler path runs;
@@ -166,10 +167,8 @@ def resolve_sampler(sampler: str | None, graph_sampler: dgl.dataloading.Sampler,
     >>> theirs = dgl.dataloading.NeighborSampler([5, 5])
     >>> type(resolve_sampler("framework", theirs)).__module__, type(resolve_sampler("directload", theirs)).__module__
     ('dgl.dataloading.neighbor_sampler', 'directload.loaders.dgl.sampler')
-    >>> with warnings.catch_warnings(record=True) as w:
-    ...     warnings.simplefilter("always")
-    ...     resolve_sampler("directload", theirs, use_uva=True) is theirs, str(w[0].message)
-    (True, "directload's sampler does not implement use_uva=True: DGL's own sampler runs instead")
+    >>> type(resolve_sampler("directload", theirs, use_uva=True)).__name__
+    'NeighborSampler'
     >>> class Mine(dgl.dataloading.NeighborSampler):
     ...     def sample_blocks(self, g, seed_nodes, exclude_eids=None):
     ...         return super().sample_blocks(g, seed_nodes, exclude_eids)
@@ -191,10 +190,6 @@ def resolve_sampler(sampler: str | None, graph_sampler: dgl.dataloading.Sampler,
     if not isinstance(graph_sampler, dgl.dataloading.NeighborSampler):
         warnings.warn(f"directload's sampler replaces DGL's NeighborSampler only, not {type(graph_sampler).__name__}"
                       ": the graph sampler given runs", SamplerWarning, stacklevel=3)
-        return graph_sampler
-    if use_uva:
-        warnings.warn("directload's sampler does not implement use_uva=True: DGL's own sampler runs instead",
-                      SamplerWarning, stacklevel=3)
         return graph_sampler
     return NeighborSampler.from_dgl(graph_sampler)
 
@@ -301,6 +296,11 @@ use_prefetch_thread, use_alternate_streams, pin_prefetcher, use_uva, **kwargs
         self.auto_lookahead = AutoLookahead() if lookahead == "auto" else None
         self.sample_in_thread = resolve_sampling(sample_in_thread, self.num_workers)
         self.overlap = resolve_overlap(overlap, self.device, os.cpu_count() or 1, torch.get_num_threads())
+        if isinstance(self.graph_sampler, NeighborSampler) and (
+                use_uva or self.graph.device.type == "cuda" or self.graph_sampler.asks_for_gpu):
+            # directload's GPU sampler: every stage on the caller's thread, in its stream's order (the device
+            # overlaps the batches' kernels; no stream waits for another's)
+            self.sample_in_thread = self.overlap = False
         self._source = FeatureSource(self, features)
 
     def __iter__(self) -> Epoch:

@@ -14,9 +14,10 @@ import dgl
 import torch
 from dgl.dataloading import BlockSampler
 
+from directload.batch_device import BatchDevice, batch_device
 from directload.errors import SamplerWarning
 from directload.graph import CSCGraph
-from directload.sampler import HeteroNeighborSampler, check_fanouts, generator_from, generator_state
+from directload.sampler import HeteroNeighborSampler, check_device, check_fanouts, generator_from, generator_state
 from directload.sampler import NeighborSampler as _Sampler
 
 __all__ = ["NeighborSampler"]
@@ -80,22 +81,23 @@ def _weights(g, et, prob, eids):
     type lacks it (DGL samples those uniformly); ``(weights, the feature or None)``."""
     data = g.edges[et].data
     if prob not in data:
-        return torch.ones(eids.numel(), dtype=torch.float32), None
+        return torch.ones(eids.numel(), dtype=torch.float32, device=eids.device), None
     t = data[prob]
     if t.numel() != g.num_edges(et):
         raise ValueError(f"edge feature {prob!r} of {et!r} has shape {tuple(t.shape)}; prob and mask name one "
                          "scalar per edge")
     w = t.reshape(-1)
     w = w if w.dtype in (torch.float32, torch.float64) else w.to(torch.float32)
-    return w.cpu()[eids.to(torch.int64)], t
+    return w.to(eids.device)[eids.to(torch.int64)], t
 
 
 class _Plan:
     """directload's sampler over one DGL graph: its CSCs, and weights, read once, with what they were read from
     (the graph's index, the weight tensors and their versions, the sampler's settings)."""
 
-    def __init__(self, g, settings):
+    def __init__(self, g, settings, path):
         fanouts, prob, replace, generator = settings
+        self.path = path
         self.settings = (copy.deepcopy(fanouts), prob, replace, generator)  # a copy: fanouts[0] = 3 is seen
         self.index = _index(g)
         layers = _check_layers(fanouts)
@@ -110,9 +112,12 @@ class _Plan:
             if prob is not None:
                 weights, source = _weights(g, et, prob, eids)
                 self.sources.append(source)  # held, so the signature's ids stay theirs
-            graphs[et] = CSCGraph(indptr, indices, eids=eids, weights=weights, num_src_nodes=g.num_nodes(et[0]))
+            if weights is not None:
+                weights = weights.to(indptr.device)
+            graphs[et] = _readable(CSCGraph(indptr, indices, eids=eids, weights=weights,
+                                            num_src_nodes=g.num_nodes(et[0])), path)
         self.homogeneous = len(self.ntypes) == 1 and len(self.etypes) == 1
-        kw = dict(replace=replace, weighted=prob is not None, layout="dgl", generator=generator)
+        kw = dict(replace=replace, weighted=prob is not None, layout="dgl", generator=generator, device=path)
         if self.homogeneous:
             self.sampler = _Sampler(graphs[self.etypes[0]], per_etype[self.etypes[0]], **kw)
         else:
@@ -120,11 +125,12 @@ class _Plan:
                                                  **kw)
         self.weights_read = _weights_read(g, prob)
 
-    def current(self, g, settings):
-        """Whether this plan still samples ``g`` as the sampler's ``settings`` ask: the graph's structure is the
-        one read (its index, by identity: O(1)), and so are ``prob``'s tensors and their versions."""
+    def current(self, g, settings, path):
+        """Whether this plan still samples ``g`` as the sampler's ``settings`` ask, on ``path``: the graph's
+        structure is the one read (its index, by identity: O(1)), and so are ``prob``'s tensors and their
+        versions."""
         return (self.index is not None and _index(g) is self.index and self.settings == settings
-                and self.weights_read == _weights_read(g, settings[1]))
+                and self.path is path and self.weights_read == _weights_read(g, settings[1]))
 
     def sample(self, seeds):
         """``(nodes, hops, num_sampled_nodes)`` by node and edge type, from ``{ntype: ids}``."""
@@ -134,6 +140,15 @@ class _Plan:
         (nt,), (et,) = self.ntypes, self.etypes
         b = self.sampler.sample(seeds.get(nt, torch.empty(0, dtype=torch.int64)))
         return {nt: b.nodes}, [{et: hop} for hop in b.hops], {nt: b.num_sampled_nodes}
+
+
+def _readable(graph, path):
+    """``graph`` where ``path``'s kernels read it: as it is (on the device, or pinned, as DGL pins a graph for
+    ``use_uva``), else its host arrays pinned and mapped in place."""
+    if path is None:
+        return graph
+    arrays = [a for a in (graph.indptr, graph.indices, graph.eids, graph.weights) if a is not None]
+    return graph if all(path.readable(a) for a in arrays) else graph.to_unified()
 
 
 def _index(g):
@@ -166,12 +181,12 @@ def _structure_unsupported(g):
 
 def _csc(row, col, n_dst, idtype):
     """A hop's edges as the block's CSC: they come grouped by destination, in order (``col`` sorted), so the
-    pointer is a count per destination; DGL then neither infers node counts nor converts COO for its in-edge
+    pointer is where each destination's edges start (a search, which waits for nothing on a GPU, where a
+    count would read its length back); DGL then neither infers node counts nor converts COO for its in-edge
     message passing.  Block edge ``i`` is the hop's edge ``i`` (its ``dgl.EID`` set by the caller)."""
-    indptr = torch.zeros(n_dst + 1, dtype=idtype)
-    if col.numel():
-        torch.cumsum(torch.bincount(col, minlength=n_dst), 0, out=indptr[1:])
-    return "csc", (indptr, row.to(idtype), torch.empty(0, dtype=idtype))
+    device = col.device
+    indptr = torch.searchsorted(col, torch.arange(n_dst + 1, dtype=col.dtype, device=device)).to(idtype)
+    return "csc", (indptr, row.to(idtype), torch.empty(0, dtype=idtype, device=device))
 
 
 def _blocks(g, nodes, hops, num_nodes, device):
@@ -188,7 +203,7 @@ def _blocks(g, nodes, hops, num_nodes, device):
             block.dstnodes[nt].data[dgl.NID] = nodes[nt][:n_dst[nt]].to(idtype)
         for et, (_, _, eid) in hop.items():
             block.edges[et].data[dgl.EID] = eid.to(idtype)
-        blocks.insert(0, block if device.type == "cpu" else block.to(device))
+        blocks.insert(0, block if block.device == device else block.to(device))
     return blocks
 
 
@@ -225,7 +240,7 @@ class NeighborSampler(BlockSampler):
     Numba's thread count.
 
     What directload does not implement (``edge_dir="out"``, ``exclude_eids``
-    from an edge-wise loader's ``exclude=``, a graph in GPU memory, a graph
+    from an edge-wise loader's ``exclude=``, a graph
     that is not a ``DGLGraph``, a block, formats without CSC) is sampled by
     DGL's own ``NeighborSampler.sample_blocks`` over this sampler's settings
     (``fused`` and all), said once per sampler and reason in a one-line
@@ -241,6 +256,11 @@ output_device, fused
         ``fused`` only matters to DGL's sampler, where it runs instead.
     generator : torch.Generator, optional
         Where each batch's key is drawn.
+    device : str, torch.device or BatchDevice, optional
+        Where batches are sampled (directload's option).  None: on the GPU
+        for seeds or a graph there, else the CPU twin; ``"cuda"`` or a
+        :class:`~directload.batch_device.BatchDevice` (the host emulation's,
+        in tests): always there.
 
     Raises
     ------
@@ -274,8 +294,10 @@ output_device, fused
                  prefetch_labels: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
                  prefetch_edge_feats: Sequence[str] | Mapping[Any, Sequence[str]] | None = None,
                  output_device: torch.device | str | None = None, fused: bool = True, *,
-                 generator: torch.Generator | None = None) -> None:
+                 generator: torch.Generator | None = None, device: torch.device | str | BatchDevice | None = None
+                 ) -> None:
         layers = _check_layers(fanouts)
+        self.sample_on = device if device is None or isinstance(device, BatchDevice) else check_device(device)
         if edge_dir not in _EDGE_DIRS:
             raise ValueError(f"edge_dir must be 'in' or 'out', got {edge_dir!r}")
         if generator is not None and not isinstance(generator, torch.Generator):
@@ -358,8 +380,6 @@ output_device, fused
             return "exclude_eids (an edge-wise loader's exclude=)"
         if not isinstance(g, dgl.DGLGraph):
             return f"graphs of type {type(g).__name__}"
-        if g.device.type != "cpu":
-            return "graphs in GPU memory"
         return None
 
     def sample_blocks(self, g: dgl.DGLGraph, seed_nodes: torch.Tensor | Mapping[str, torch.Tensor],
@@ -387,7 +407,7 @@ output_device, fused
         >>> [b.num_dst_nodes() for b in blocks][-1], bool((blocks[-1].in_degrees() <= 3).all())
         (2, True)
         """
-        plan = self._batch_unsupported(g, exclude_eids) or self._plan(g)
+        plan = self._batch_unsupported(g, exclude_eids) or self._plan(g, self._path(g, seed_nodes))
         if isinstance(plan, str):
             self._warn(plan)
             return self._dgl_sample_blocks(g, seed_nodes, exclude_eids)
@@ -405,18 +425,32 @@ output_device, fused
         blocks = _blocks(g, nodes, hops, num_nodes, device)
         return blocks[0].srcdata[dgl.NID], seed_nodes, blocks
 
-    def _plan(self, g):
-        """The plan for ``g`` as it is now (built again when the graph, its weights or the settings changed), or
-        why its structure is not directload's to sample."""
+    @property
+    def asks_for_gpu(self) -> bool:
+        """Whether ``device=`` asks for a GPU, whatever the graph and the seeds."""
+        where = self.sample_on.device if isinstance(self.sample_on, BatchDevice) else self.sample_on
+        return where is not None and where.type == "cuda"
+
+    def _path(self, g, seed_nodes):
+        """The device path of a batch (None: the CPU twin): ``device=`` as given, else a GPU that holds the graph
+        or the seeds."""
+        if self.sample_on is not None:
+            return batch_device(self.sample_on)
+        where = g.device if g.device.type == "cuda" else _device_of(seed_nodes)
+        return batch_device(where) if where.type == "cuda" else None
+
+    def _plan(self, g, path):
+        """The plan for ``g`` on ``path`` as it is now (built again when the graph, its weights, the settings or
+        the path changed), or why its structure is not directload's to sample."""
         settings = (self.fanouts, self.prob, bool(self.replace), self.generator)
         with self._lock:
             plan = self._plans.get(g)
-            if plan is not None and plan.current(g, settings):
+            if plan is not None and plan.current(g, settings, path):
                 return plan
             reason = _structure_unsupported(g)
             if reason is not None:
                 return reason
-            plan = _Plan(g, settings)
+            plan = _Plan(g, settings, path)
             self._plans[g] = plan
             return plan
 

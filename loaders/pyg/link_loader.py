@@ -8,6 +8,8 @@ import torch
 from torch_geometric.data import Data, HeteroData
 from torch_geometric.loader import LinkNeighborLoader as _PygLinkNeighborLoader
 
+from directload.batch_device import BatchDevice
+
 from .loader import PipelinedLoader, check_ids
 
 if TYPE_CHECKING:
@@ -38,7 +40,7 @@ class LinkNeighborLoader(PipelinedLoader, _PygLinkNeighborLoader):
     data, num_neighbors, *args, **kwargs
         As for PyG's ``LinkNeighborLoader``.  ``edge_label_index`` ids
         outside the graph raise ``IndexError`` here, before any sampling.
-    lookahead, sample_in_thread, overlap, sampler, affinity
+    lookahead, sample_in_thread, overlap, sampler, affinity, device
         As for :class:`~directload.loaders.pyg.NeighborLoader`.
 
     Examples
@@ -59,9 +61,9 @@ class LinkNeighborLoader(PipelinedLoader, _PygLinkNeighborLoader):
                  num_neighbors: list[int] | dict[tuple[str, str, str], list[int]], *args: Any,
                  lookahead: int | str = 4, sample_in_thread: bool | None = None, overlap: bool | None = None,
                  affinity: str = "cuda", sampler: str | torch.utils.data.Sampler | None = None,
-                 **kwargs: Any) -> None:
+                 device: torch.device | str | BatchDevice | None = None, **kwargs: Any) -> None:
         data = self._prepare(data, num_neighbors, args, kwargs, lookahead=lookahead, affinity=affinity,
-                             sampler=sampler)
+                             sampler=sampler, device=device)
         super().__init__(data, num_neighbors, **kwargs)
         _check_edge_seeds(self.input_data, self.link_sampler)
         self._start(lookahead, sample_in_thread, overlap)

@@ -15,6 +15,7 @@ from torch_geometric.sampler import BaseSampler
 from torch_geometric.sampler import NeighborSampler as PygNeighborSampler
 
 import directload
+from directload.batch_device import BatchDevice
 from directload.errors import SamplerWarning
 from directload.kernels.operands import can_gather
 from directload.units import check_int
@@ -28,6 +29,7 @@ from ..pipeline import (
     resolve_overlap,
     resolve_sampling,
 )
+from .device import device_data, on_device, resolve_device
 from .feature_store import FeatureStore
 from .graph_store import GraphStore
 from .sampler import NeighborSampler, unsupported_options
@@ -131,21 +133,24 @@ class PipelinedLoader:
     num_workers: int
     persistent_workers: bool
 
-    def _prepare(self, data, num_neighbors, args, kwargs, *, lookahead, affinity, sampler):
+    def _prepare(self, data, num_neighbors, args, kwargs, *, lookahead, affinity, sampler, device=None):
         """Check the options, name the positional ones (into ``kwargs``), choose the sampler (into
-        ``kwargs["neighbor_sampler"]``) and return the data to hand to PyG (node tables unified)."""
+        ``kwargs["neighbor_sampler"]``) and return the data to hand to PyG (node tables unified, or seen from
+        the device with ``device=``)."""
         params = [p for p in inspect.signature(self.pyg_loader.__init__).parameters if p != "kwargs"][3:]
         if len(args) > len(params):
             raise TypeError(f"{type(self).__name__} takes at most {len(params) + 2} positional arguments")
         kwargs.update(zip(params, args))
         check_lookahead(lookahead)
         check_int("batch_size", kwargs.get("batch_size", 1))
+        self.batch_device = resolve_device(device, kwargs.get("num_workers") or 0)
         if sampler is not None and not isinstance(sampler, str):
             kwargs["sampler"] = sampler  # torch's DataLoader option (a Sampler of seed positions), as PyG passes it
             sampler = None
         if resolve_sampler(sampler, kwargs) == "directload" and kwargs.get("neighbor_sampler") is None:
             kwargs["neighbor_sampler"] = NeighborSampler(
-                data, num_neighbors, replace=kwargs.get("replace", False), weight_attr=kwargs.get("weight_attr"))
+                data, num_neighbors, replace=kwargs.get("replace", False), weight_attr=kwargs.get("weight_attr"),
+                device=self.batch_device, keep_on_device=self.batch_device is not None)
         if kwargs.get("neighbor_sampler") is None:
             _check_sampler()
         self.sampling = sampling_of(kwargs.get("neighbor_sampler"))
@@ -153,11 +158,20 @@ class PipelinedLoader:
             # Without workers, gather features in our pipeline (after sampling ahead) rather than
             # inside the sampling step; with workers, PyG's default gathers them in the workers.
             kwargs["filter_per_worker"] = False
-        return unified_data(data, affinity=affinity) if isinstance(data, (Data, HeteroData)) else data
+        if not isinstance(data, (Data, HeteroData)):
+            return data
+        if self.batch_device is not None:
+            return device_data(data, self.batch_device)
+        return unified_data(data, affinity=affinity)
 
     def _start(self, lookahead, sample_in_thread, overlap):
         self.lookahead = lookahead
         self.auto_lookahead = AutoLookahead() if lookahead == "auto" else None
+        if self.batch_device is not None:
+            # The device path runs every stage on the caller's thread, in its stream's order: the device
+            # overlaps the batches' kernels, and no stream has to wait for another's.
+            self.sample_in_thread, self.overlap = False, False
+            return
         self.sample_in_thread = resolve_sampling(sample_in_thread, self.num_workers)
         self.overlap = resolve_overlap(overlap, "cpu", os.cpu_count() or 1, torch.get_num_threads())
 
@@ -170,7 +184,8 @@ class PipelinedLoader:
             batches, adapter = super()._get_iterator(), PygBatches(fs, None, gathered=True)  # type: ignore[misc]
         else:
             batches = torch.utils.data.DataLoader._get_iterator(self)  # type: ignore[arg-type]  # a DataLoader
-            adapter = PygBatches(fs, self.filter_fn)
+            adapter = PygBatches(fs, self.filter_fn,
+                                 device=self.batch_device.device if self.batch_device is not None else None)
         pipeline = Pipeline(batches, adapter, device="cpu", lookahead=self.auto_lookahead or self.lookahead,
                             sample_in_thread=self.sample_in_thread, overlap=self.overlap)
         pipeline.prime()
@@ -215,6 +230,18 @@ class NeighborLoader(PipelinedLoader, _PygNeighborLoader):
     affinity : {"cuda", "host"}
         Affinity of the unified node tables made from a ``Data``: ``"cuda"``
         gathers straight onto the GPU where one exists.
+    device : str, torch.device or BatchDevice, optional
+        Where batches are made (directload's option; None: the CPU, as
+        PyG's).  ``"cuda"`` with ``sampler="directload"``: the whole batch is
+        made on the GPU and never comes back to the host: the seeds go up,
+        the picks, relabelling, ``edge_index``, ``n_id``, ``e_id`` and the
+        per-hop counts are the GPU sampler's, and every node and edge table
+        (``x``, ``y``, ...) is gathered zero-copy from pinned, mapped host
+        memory into device memory.  One host read per batch (the counts PyG
+        keeps as Python ints), plus one per hop of fanout -1.  With PyG's
+        sampler, its batch is made on the CPU and moved.  The device path
+        runs its stages on the caller's thread, in stream order, and takes
+        no ``num_workers``.
 
     Examples
     --------
@@ -233,9 +260,9 @@ class NeighborLoader(PipelinedLoader, _PygNeighborLoader):
                  num_neighbors: list[int] | dict[tuple[str, str, str], list[int]], *args: Any,
                  lookahead: int | str = 4, sample_in_thread: bool | None = None, overlap: bool | None = None,
                  affinity: str = "cuda", sampler: str | torch.utils.data.Sampler | None = None,
-                 **kwargs: Any) -> None:
+                 device: torch.device | str | BatchDevice | None = None, **kwargs: Any) -> None:
         data = self._prepare(data, num_neighbors, args, kwargs, lookahead=lookahead, affinity=affinity,
-                             sampler=sampler)
+                             sampler=sampler, device=device)
         super().__init__(data, num_neighbors, **kwargs)
         _check_seeds(self.input_data, self.node_sampler)
         self._start(lookahead, sample_in_thread, overlap)
@@ -360,8 +387,9 @@ class PygBatches(BatchAdapter):
     """
 
     def __init__(self, feature_store: FeatureStore | None, filter_fn: Callable[[Any], Any] | None, *,
-                 gathered: bool = False) -> None:
+                 gathered: bool = False, device: torch.device | None = None) -> None:
         self.feature_store, self.filter_fn, self.gathered = feature_store, filter_fn, gathered
+        self.device = device
 
     def ids(self, batch: Any) -> torch.Tensor | Mapping[str, torch.Tensor]:
         if not self.gathered:
@@ -380,7 +408,10 @@ class PygBatches(BatchAdapter):
             self.feature_store.prefetch(batch.node)
 
     def finish(self, started: Any) -> Any:
-        return started if self.gathered else self.filter_fn(started)  # type: ignore[misc]  # given unless gathered
+        if self.gathered:
+            return started
+        batch = self.filter_fn(started)  # type: ignore[misc]  # given unless gathered
+        return on_device(batch, self.device) if self.device is not None else batch
 
     def stores(self) -> list[Store]:
         return self.feature_store.stores() if self.feature_store is not None else []

@@ -9,6 +9,7 @@ from torch_geometric.data import Data, HeteroData
 from torch_geometric.sampler import BaseSampler, HeteroSamplerOutput, NumNeighbors, SamplerOutput
 from torch_geometric.sampler.neighbor_sampler import edge_sample, node_sample
 
+from directload.batch_device import BatchDevice
 from directload.graph import CSCGraph
 from directload.sampler import HeteroNeighborSampler, check_device
 from directload.sampler import NeighborSampler as _Sampler
@@ -101,6 +102,20 @@ def _graphs_of(data, weight_attr):
     raise TypeError(f"data must be a Data, a HeteroData or a (FeatureStore, GraphStore), got {type(data).__name__}")
 
 
+def _given_graph(graph, data, weight_attr):
+    """``(graph, num_nodes)`` of a CSC given for a homogeneous ``data``, checked against it."""
+    if not isinstance(graph, CSCGraph):
+        raise TypeError(f"graph must be a directload.graph.CSCGraph, got {type(graph).__name__}")
+    if not isinstance(data, Data):
+        raise TypeError("graph= is for a homogeneous Data; a HeteroData or a store pair builds its own")
+    if weight_attr is not None:
+        raise ValueError("graph= carries no weights of data's: leave out weight_attr, or graph=")
+    if graph.num_nodes != data.num_nodes or graph.num_edges != data.num_edges:
+        raise ValueError(f"graph has {graph.num_nodes} nodes and {graph.num_edges} edges; data has "
+                         f"{data.num_nodes} and {data.num_edges}")
+    return graph, data.num_nodes
+
+
 def _coo_graph(row, col, perm, num_dst, num_src):
     g = CSCGraph.from_edge_index(torch.stack([row, col]), num_dst, num_src_nodes=num_src)
     if perm is None:
@@ -138,10 +153,20 @@ class NeighborSampler(BaseSampler):
     replace : bool
     weight_attr : str, optional
         An edge attribute of non-negative sampling weights.
-    device : str or torch.device, optional
+    device : str, torch.device or BatchDevice, optional
         ``"cuda"``: sample on the GPU from the graph in pinned, mapped host
-        memory (homogeneous graphs; not measured on a GPU yet).  The batch is
-        handed to PyG on the CPU, where its loader indexes the data's tables.
+        memory (homogeneous and heterogeneous graphs).  The batch is handed
+        to PyG on the CPU, where PyG's own loader indexes the data's tables,
+        unless ``keep_on_device``.
+    keep_on_device : bool
+        Hand PyG the batch where it was sampled (directload's loaders, whose
+        tables are on the device, ask for this with ``device=``).
+    graph : CSCGraph, optional
+        The homogeneous graph's CSC when it is built already (a dataset's
+        kept CSC, mapped from its files: one copy in memory for every process
+        of the machine, as ``directload train --nproc N`` shares it), instead
+        of one built from ``data``'s edges.  Its node and edge counts must be
+        ``data``'s and its edge ids positions in ``edge_index``.
     generator : torch.Generator, optional
 
     Examples
@@ -161,20 +186,29 @@ class NeighborSampler(BaseSampler):
 
     def __init__(self, data: Data | HeteroData | tuple[FeatureStore, GraphStore],
                  num_neighbors: NumNeighbors | list[int] | dict[tuple[str, str, str], list[int]], *,
-                 replace: bool = False, weight_attr: str | None = None, device: torch.device | str | None = None,
-                 generator: torch.Generator | None = None) -> None:
-        where = check_device(device)  # before any work: the graph is built and pinned for a usable device only
-        graph, num_nodes = _graphs_of(data, weight_attr)
+                 replace: bool = False, weight_attr: str | None = None,
+                 device: torch.device | str | BatchDevice | None = None, keep_on_device: bool = False,
+                 graph: CSCGraph | None = None, generator: torch.Generator | None = None) -> None:
+        # Before any work: the graph is built and pinned for a usable device only.
+        where = device if isinstance(device, BatchDevice) else check_device(device)
+        on_cuda = not isinstance(where, BatchDevice) and where.type == "cuda"
+        if graph is not None:
+            graph, num_nodes = _given_graph(graph, data, weight_attr)
+        else:
+            graph, num_nodes = _graphs_of(data, weight_attr)
+        self.keep_on_device = bool(keep_on_device)
         self.num_neighbors = num_neighbors if isinstance(num_neighbors, NumNeighbors) else NumNeighbors(num_neighbors)
         self.num_nodes = num_nodes
         self.is_hetero = isinstance(graph, dict)
         weighted = weight_attr is not None
         if self.is_hetero:
             fanouts = self.num_neighbors.get_values(list(graph))
+            if on_cuda:  # pinned and mapped in place: the GPU kernels read them zero-copy
+                graph = {et: g.to_unified() for et, g in graph.items()}
             self.sampler = HeteroNeighborSampler(graph, num_nodes, fanouts, replace=replace, weighted=weighted,
                                                  layout="pyg", device=where, generator=generator)
         else:
-            if where.type == "cuda":
+            if on_cuda:
                 graph = graph.to_unified()  # pinned and mapped in place: the GPU kernels read it zero-copy
             self.sampler = _Sampler(graph, self.num_neighbors.get_values(), replace=replace, weighted=weighted,
                                     layout="pyg", device=where, generator=generator)
@@ -204,18 +238,20 @@ class NeighborSampler(BaseSampler):
     def _sample(self, seed, seed_time=None):
         if seed_time is not None:
             raise ValueError("directload's sampler does not sample in time; use PyG's sampler for time_attr")
+        out = (lambda t: t) if self.keep_on_device else (lambda t: t.cpu())
         if not self.is_hetero:
             if isinstance(seed, dict):
                 (seed,) = seed.values()
             b = self.sampler.sample(seed)
-            row, col, edge = (torch.cat(parts).cpu() for parts in zip(*b.hops)) if b.hops else (torch.empty(0),) * 3
-            return SamplerOutput(node=b.nodes.cpu(), row=row, col=col, edge=edge, batch=None,
+            empty = torch.empty(0, dtype=torch.int64, device=self.sampler.device)
+            row, col, edge = (out(torch.cat(parts)) for parts in zip(*b.hops)) if b.hops else (out(empty),) * 3
+            return SamplerOutput(node=out(b.nodes), row=row, col=col, edge=edge, batch=None,
                                  num_sampled_nodes=b.num_sampled_nodes, num_sampled_edges=b.num_sampled_edges)
         b = self.sampler.sample(seed)
         row, col, edge = {}, {}, {}
         for et in self.sampler.graphs:
             parts = [hop[et] for hop in b.hops]
-            row[et], col[et], edge[et] = (torch.cat(p).cpu() for p in zip(*parts))
-        return HeteroSamplerOutput(node={t: n.cpu() for t, n in b.nodes.items()}, row=row, col=col, edge=edge,
+            row[et], col[et], edge[et] = (out(torch.cat(p)) for p in zip(*parts))
+        return HeteroSamplerOutput(node={t: out(n) for t, n in b.nodes.items()}, row=row, col=col, edge=edge,
                                    batch=None,
                                    num_sampled_nodes=b.num_sampled_nodes, num_sampled_edges=b.num_sampled_edges)

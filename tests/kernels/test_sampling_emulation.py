@@ -276,6 +276,6 @@ def test_gpu_entry_points_refuse_bad_arguments():
 def test_guards_catch_a_buffer_sized_too_small(rng, monkeypatch):
     """The emulation's guards see a write past a buffer: here, edge buffers one short of the hop's edges."""
     indptr, indices = _graph(rng, [3, 3], 2)
-    monkeypatch.setattr(sampling_gpu, "_edge_bound", lambda *args: 5)
+    monkeypatch.setattr(sampling_gpu, "edge_bound", lambda *args: 5)
     with pytest.raises(host_emu.EmulationError, match="wrote past the end"):
         emu.sample_batch(indptr, indices, None, None, np.array([0, 1]), [3], False, 1, "pyg", np.zeros(2, np.int64))

@@ -3,6 +3,7 @@ picks, weights, heterographs, same key same blocks, DGL's own sampler (said once
 typed errors, both loaders, and a model that learns as well as with DGL's sampler."""
 
 import statistics
+import warnings
 
 import dgl
 import numba
@@ -245,13 +246,15 @@ def test_our_dataloader_runs_ours_when_asked(graph):
         DataLoader(graph, torch.arange(300), theirs, sampler="pyg", **kw)
 
 
-def test_resolve_sampler_keeps_dgls_for_uva_and_other_samplers():
+def test_resolve_sampler_replaces_dgls_with_uva_and_keeps_other_samplers():
     theirs = dgl.dataloading.NeighborSampler([4])
     full = dgl.dataloading.MultiLayerFullNeighborSampler(2)
     assert resolve_sampler("framework", theirs) is theirs and resolve_sampler(None, theirs) is theirs
     assert resolve_sampler("directload", full).fanouts == [-1, -1]
-    with pytest.warns(UserWarning, match=r"^directload's sampler does not implement use_uva=True"):
-        assert resolve_sampler("directload", theirs, use_uva=True) is theirs
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # use_uva=True: directload's GPU sampler runs, nothing falls back
+        uva = resolve_sampler("directload", theirs, use_uva=True)
+    assert isinstance(uva, NeighborSampler) and uva.fanouts == [4]
     shadow = dgl.dataloading.ShaDowKHopSampler([4])
     with pytest.warns(UserWarning, match="replaces DGL's NeighborSampler only, not ShaDowKHopSampler"):
         assert resolve_sampler("directload", shadow) is shadow
