@@ -35,7 +35,7 @@ import torch
 
 from .operands import out_of_range
 
-__all__ = ["DeviceBounds", "bounds_for", "ids_from_end", "RECENT"]
+__all__ = ["DeviceBounds", "bounds_for", "ids_from_end", "check_where_on_device", "RECENT"]
 
 #: Launches whose ids are kept so that an error can name the position and the value.
 RECENT = 64
@@ -66,15 +66,34 @@ class DeviceBounds:
         self._host = word.numpy()  # reads the pinned word as plain memory: no CUDA call
         self._stamps = itertools.count(1)
         self._reported = 0
-        self._recent: OrderedDict[int, tuple[torch.Tensor, int, bool]] = OrderedDict()
+        self._recent: OrderedDict[int, _Ids | _Where] = OrderedDict()
         self._lock = threading.Lock()
+        self._on_device: torch.Tensor | None = None
+
+    def on_device(self, device: torch.device) -> torch.Tensor:
+        """The word as a CUDA tensor on ``device``: its pinned bytes, mapped (no copy), for device-side
+        stamps made with torch's ops (:func:`check_where_on_device`)."""
+        if self._on_device is None:
+            from .interop import CudaArrayView
+
+            with torch.cuda.device(device):
+                mapped = torch.as_tensor(CudaArrayView(self.ptr, (1,), 8, self.word), device=device)
+            self._on_device = mapped.view(torch.int64)
+        return self._on_device
 
     def stamp(self, index: torch.Tensor, n_rows: int) -> int:
         """A new stamp for a launch over ``index`` (``n_rows`` rows; ids shifted from the end inside
         :func:`ids_from_end`)."""
+        return self._stamp(_Ids(index, n_rows, getattr(_from_end, "on", False)))
+
+    def stamp_where(self, where: torch.Tensor, n_slots: int, flat_elems: int, row_elems: int) -> int:
+        """A new stamp for a tiered launch over ``where`` (:mod:`kernels.tiered`'s two tiers)."""
+        return self._stamp(_Where(where, n_slots, flat_elems, row_elems))
+
+    def _stamp(self, record):
         stamp = next(self._stamps)
         with self._lock:
-            self._recent[stamp] = (index, n_rows, getattr(_from_end, "on", False))
+            self._recent[stamp] = record
             while len(self._recent) > RECENT:
                 self._recent.popitem(last=False)
         return stamp
@@ -93,8 +112,8 @@ class DeviceBounds:
         elif seen > stamp:  # a later launch overwrote the word: look at this launch's own ids
             with self._lock:
                 record = self._recent.get(stamp)
-            if record is not None and _first_bad(*record) is not None:
-                raise _error(record)
+            if record is not None and record.error() is not None:
+                raise record.error()
 
     def _report(self, seen):
         seen = int(seen)
@@ -106,7 +125,7 @@ class DeviceBounds:
         if record is None:
             raise IndexError("an id out of range was read by an earlier CUDA gather on this device "
                              f"(more than {RECENT} launches ago): its rows were clamped")
-        raise _error(record)
+        raise record.error() or record.unknown()
 
 
 def _first_bad(index, n_rows, from_end=False):
@@ -121,14 +140,74 @@ def _first_bad(index, n_rows, from_end=False):
     return position, value - n_rows if from_end and value < 0 else value
 
 
-def _error(record):
-    index, n_rows, from_end = record
-    found = _first_bad(index, n_rows, from_end)
-    if found is None:
-        return IndexError(f"an id out of range for {n_rows} rows was read by a CUDA gather (its ids have "
+class _Ids:
+    """A plain gather's launch: its ids, its table's rows, whether the ids were shifted from the end."""
+
+    def __init__(self, index, n_rows, from_end):
+        self.index, self.n_rows, self.from_end = index, n_rows, from_end
+
+    def error(self):
+        """The ``IndexError`` of the first bad id (syncs: the error path), or None."""
+        found = _first_bad(self.index, self.n_rows, self.from_end)
+        if found is None:
+            return None
+        position, value = found
+        return out_of_range(value, self.n_rows, position=position, negatives=self.from_end)
+
+    def unknown(self):
+        return IndexError(f"an id out of range for {self.n_rows} rows was read by a CUDA gather (its ids have "
                           "changed since, so the position is unknown): its rows were clamped")
-    position, value = found
-    return out_of_range(value, n_rows, position=position, negatives=from_end)
+
+
+class _Where:
+    """A tiered gather's launch: its ``where`` and its tiers' sizes."""
+
+    def __init__(self, where, n_slots, flat_elems, row_elems):
+        self.where, self.n_slots, self.flat_elems, self.row_elems = where, n_slots, flat_elems, row_elems
+
+    def error(self):
+        """The ``IndexError`` of check_where's words (syncs: the error path), or None."""
+        from .operands import check_where
+
+        try:
+            check_where(self.where.cpu(), self.n_slots, self.flat_elems, self.row_elems)
+        except IndexError as exc:
+            return exc
+        return None
+
+    def unknown(self):
+        return IndexError("a where value outside its tier was read by a CUDA tiered gather (its values have "
+                          "changed since, so which is unknown): its rows were clamped")
+
+
+def _bad_where(where, n_slots, flat_elems, row_elems):
+    """Which ``where`` values point outside their tier, on ``where``'s device (no sync)."""
+    offsets = -where - 1  # a flat-tier row's element offset, for where < 0
+    return (where >= n_slots) | ((where < 0) & ((offsets < 0) | (offsets > flat_elems - row_elems)))
+
+
+def check_where_on_device(where: torch.Tensor, n_slots: int, flat_elems: int, row_elems: int, word: torch.Tensor,
+                          bounds: DeviceBounds) -> torch.Tensor:
+    """``where`` with every value outside its tier clamped to a valid one, on its device, reading nothing back;
+    if any was, ``word`` (the error word, seen from that device) takes the launch's stamp, so the next gather
+    on the device, or ``bounds.raise_pending()``, raises the ``IndexError`` that the host check
+    (``operands.check_where``) would have.  The same ops run on any device (CI runs them on the CPU).
+
+    Examples
+    --------
+    >>> b = DeviceBounds(torch.zeros(1, dtype=torch.int64))
+    >>> check_where_on_device(torch.tensor([1, 5, -3]), 2, 8, 2, b.word, b).tolist()  # slot 5 of 2: clamped
+    [1, 0, -3]
+    >>> b.raise_pending()
+    Traceback (most recent call last):
+    IndexError: cache slot 5 is out of range for 2 slots (valid 0..1)
+    """
+    if not n_slots and flat_elems < row_elems:
+        raise IndexError("no cache slots and no flat-tier rows: every where value is out of range")
+    bad = _bad_where(where, n_slots, flat_elems, row_elems)
+    stamp = bounds.stamp_where(where, n_slots, flat_elems, row_elems)
+    word.masked_fill_(bad.any().reshape(1), stamp)  # written only where a value was bad: no read of the word
+    return torch.where(bad, torch.zeros_like(where) if n_slots else torch.full_like(where, -1), where)
 
 
 _from_end = threading.local()  # .on: launches stamped on this thread take ids shifted from the end

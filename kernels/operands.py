@@ -354,7 +354,8 @@ def check_tiered(cache: torch.Tensor, flat: torch.Tensor, where: torch.Tensor, o
     """Check a tiered gather's arguments (:func:`directload.kernels.tiered.gather_tiered`'s) before any work:
     ``(where, device)``, ``where`` contiguous and ``device`` the one the gather runs on (a CUDA device with its
     index, or the CPU for a CPU ``where``).  Raises as the plain gather's checks do, and ``IndexError`` for a
-    ``where`` value outside its tier (:func:`check_where`).
+    host ``where`` value outside its tier (:func:`check_where`); a CUDA ``where`` is checked on its device
+    (``kernels.bounds.check_where_on_device``).
 
     Examples
     --------
@@ -390,7 +391,8 @@ def check_tiered(cache: torch.Tensor, flat: torch.Tensor, where: torch.Tensor, o
                              f"the cache from {run_on} or mapped memory")
     elif cache.is_cuda or flat.is_cuda:
         raise ValueError("a CPU where (a CPU gather) cannot read tiers in GPU memory")
-    check_where(where, cache.shape[0], flat.numel(), math.prod(cache.shape[1:]))
+    if not where.is_cuda:  # a CUDA where is checked on its device (kernels.bounds), which reads nothing back
+        check_where(where, cache.shape[0], flat.numel(), math.prod(cache.shape[1:]))
     return where, run_on
 
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from .bounds import bounds_for, check_where_on_device
 from .cpu_launch import fill_rows, launch_tiered
 from .cpu_path import new_output
 from .operands import check_tiered, check_where, out_of_range
@@ -71,10 +72,10 @@ def fill_slots(table: torch.Tensor, slots: npt.ArrayLike, flat: torch.Tensor, of
         raise out_of_range(int(slots.max() if slots.max() >= table.shape[0] else slots.min()), table.shape[0],
                            what="slot", unit="slots")
     check_where(flat_where(offsets), 0, flat.numel(), row_elems)
-    if table.is_cuda:
+    if table.is_cuda:  # host values, checked above: sent from pinned staging, without a wait
         empty = torch.empty((0, *table.shape[1:]), dtype=table.dtype, device=table.device)
-        rows = gather_tiered(empty, flat, torch.from_numpy(flat_where(offsets)).to(table.device))
-        table.index_copy_(0, torch.from_numpy(slots).to(table.device), rows)
+        rows = gather_tiered(empty, flat, torch.from_numpy(flat_where(offsets)), device=table.device)
+        table.index_copy_(0, torch.from_numpy(slots).pin_memory().to(table.device, non_blocking=True), rows)
         return table
     if flat.is_cuda:
         raise ValueError("a host table cannot be filled from GPU memory")
@@ -98,9 +99,12 @@ def gather_tiered(cache: torch.Tensor, flat: torch.Tensor, where: torch.Tensor, 
     where : torch.Tensor
         1-D int64 (see :func:`flat_where`).  Its device decides where the gather
         runs and where the result lives, unless ``device`` is given.  A CUDA
-        ``where`` is checked on the GPU, which costs one host sync; a CPU one
-        with ``device`` a GPU is checked on the CPU, for free, then copied there
-        from pinned staging: the gather then reads nothing back from the GPU.
+        ``where`` is checked on its device, as a plain gather's ids are
+        (:mod:`kernels.bounds`): a value outside its tier is clamped and
+        stamps the device's error word, which the next gather on the device
+        (or ``bounds_for(device).raise_pending()``) raises; nothing is read
+        back.  A CPU one with ``device`` a GPU is checked on the CPU, for free,
+        then copied there from pinned staging.
     device : torch.device or str, optional
         Where the gather runs and the result lives (default: ``where``'s device).
     out : torch.Tensor, optional
@@ -114,8 +118,8 @@ def gather_tiered(cache: torch.Tensor, flat: torch.Tensor, where: torch.Tensor, 
     ------
     TypeError, ValueError, IndexError
         Before any copy: bad types, dtypes, shapes or devices (in the plain gather's words:
-        :func:`~directload.kernels.operands.check_tiered`), or a ``where`` value outside its tier
-        (:func:`~directload.kernels.operands.check_where`).
+        :func:`~directload.kernels.operands.check_tiered`), or a host ``where`` value outside its tier
+        (:func:`~directload.kernels.operands.check_where`); for a CUDA ``where``, at the device's next gather.
 
     Examples
     --------
@@ -131,6 +135,11 @@ def gather_tiered(cache: torch.Tensor, flat: torch.Tensor, where: torch.Tensor, 
                else new_output(shape, cache.dtype))
     if where.device != run_on:  # a CPU where, checked above without a sync, for a GPU gather
         where = where.pin_memory().to(run_on, non_blocking=True)
+    elif where.is_cuda and where.numel():  # checked on its device: clamped, the error word stamped
+        bounds = bounds_for(run_on.index)
+        bounds.raise_pending()
+        where = check_where_on_device(where, cache.shape[0], flat.numel(), math.prod(cache.shape[1:]),
+                                      bounds.on_device(run_on), bounds)
     if out.numel() == 0:
         return out
     name = choose_backend(backend, where.is_cuda, "mapped" if where.is_cuda else "host")

@@ -30,7 +30,7 @@ from directload.units import check_bytes
 from . import warming as _warming_rounds
 from .base import FeatureStore
 from .cache_counters import CacheCounters
-from .held import ReadBuffer, Workspace
+from .held import Fence, ReadBuffer, Workspace
 from .policies import POLICY_NAMES, make_policy
 from .readahead import Worker
 from .readers import ReaderPool
@@ -55,6 +55,17 @@ _CHUNK_BYTES = 16 << 20
 _POOLED = 4  # demand buffers kept for reuse (one per reader in flight; more readers allocate their own)
 
 
+
+
+class _Done:
+    """Where a cache read's GPU work ends, set by the read and ordered after by its waiters."""
+
+    fence: Fence | None = None
+
+    def order(self) -> None:
+        fence = self.fence
+        if fence is not None:
+            fence.order()
 
 class WarmingBusyError(DirectloadError, RuntimeError):
     """:meth:`CachedStore.warm` was called while the cache is still warming from an earlier call: one warm at
@@ -294,9 +305,11 @@ class CachedStore(WrapperStore[FeatureStore]):
     def _read_async(self, index, out, run_device, out_device):
         self._threads()
         ids = index.cpu().numpy().astype(np.int64, copy=True)  # the caller may reuse its ids at once
-        return self._readers.submit(lambda: self._read(ids, out, run_device, out_device), check=self.check_open)
+        done = _Done()
+        return self._readers.submit(lambda: self._read(ids, out, run_device, out_device, done),
+                                    check=self.check_open, ordered=done.order)
 
-    def _read(self, ids, out, run_device, out_device):
+    def _read(self, ids, out, run_device, out_device, done=None):
         """query -> stage misses -> fused gather -> admit -> fill the admitted slots -> finish."""
         t0 = time.perf_counter()
         uniq, inv = np.unique(ids, return_inverse=True)
@@ -314,25 +327,34 @@ class CachedStore(WrapperStore[FeatureStore]):
         placed = None
         try:
             placed = self.slots.admit(q)  # bookkeeping only: the copy into the slots runs unlocked
-            self._fill_slots(placed.slots, staged, placed.at, run_device)
+            self._fill_slots(placed.slots, staged, placed.at, run_device, wait=False)
         except BaseException:
             if placed is not None:
                 self.slots.free(placed.rows, placed.slots)
             self.slots.finish(q)
             raise
-        self.slots.finish(q, placed)  # the gather and the copy are done: slots settled, unpinned
-        self._takes.give(take)
+        # The gather and the copy are launched: slots settled, unpinned.  On a GPU they may still run; a later
+        # copy into these slots (a reader's, the read-ahead's, a warm's) runs after them in stream order.
+        self.slots.finish(q, placed)
+        rows = deliver(result, out, out_device)
+        fence = Fence.after(run_device, self._rows.device)  # where this read's GPU work ends
+        self._takes.give(take, fence)  # its next user waits for the fence before staging into it
+        if done is not None:
+            done.fence = fence
         self._counts.add_read(q, inv.shape[0], self.row_nbytes, self.capacity_rows)
         self._counts.add(fallback_s=fallback_s, pcie_lines=self.slot_memory.pcie_lines(staged, q.miss, inv),
                            read_s=time.perf_counter() - t0)
-        return deliver(result, out, out_device)
+        return rows
 
-    def _fill_slots(self, slots, staged, at, run_device=None):
+    def _fill_slots(self, slots, staged, at, run_device=None, wait=True):
         """The one copy into slots, outside the slot cache's lock: staged rows ``at`` (positions in ``staged``)
-        into ``slots``, then one sync of the slots' GPU and ``run_device`` (a read's gather), after which
-        the staging is free for reuse and the slots may be settled."""
+        into ``slots``; with ``wait``, then one sync of the slots' GPU and ``run_device`` (a read's gather),
+        after which the staging is free for reuse (the read-ahead's and a warm's single buffers; a read
+        gives its buffer back with a :class:`Fence` instead)."""
         if slots.size:
             fill_slots(self._rows, slots, staged.flat, staged.offsets[at])
+        if not wait:
+            return
         slots_on = self._rows.device
         if slots_on.type == "cuda":
             torch.cuda.current_stream(slots_on).synchronize()

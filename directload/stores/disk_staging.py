@@ -193,9 +193,9 @@ def gather_staged(flat: torch.Tensor, offsets: np.ndarray, row_shape: Sequence[i
     >>> gather_staged(torch.arange(8.0), np.array([6, 0]), (2,), None, torch.device("cpu")).tolist()
     [[6.0, 7.0], [0.0, 1.0]]
     """
-    where = torch.from_numpy(flat_where(offsets)).to(device)
+    where = torch.from_numpy(flat_where(offsets))  # checked on the host, sent without a wait
     cache = torch.empty((0, *row_shape), dtype=flat.dtype, device=device)
-    result = gather_tiered(cache, flat, where, out=out)
+    result = gather_tiered(cache, flat, where, out=out, device=device)
     if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()  # the staging buffer is the next read's
     return result

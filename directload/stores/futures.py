@@ -49,11 +49,15 @@ class ReadFuture:
     def __init__(self, run: Callable[[], torch.Tensor] | None = None, *,
                  future: Future[torch.Tensor] | None = None, result: torch.Tensor | None = None,
                  done: Callable[[], bool] | None = None,
-                 steal: Callable[[Future[torch.Tensor]], object] | None = None) -> None:
+                 steal: Callable[[Future[torch.Tensor]], object] | None = None,
+                 ordered: Callable[[], None] | None = None) -> None:
         # steal: with ``future``, called by wait() with the future: where the work had not started it cancels
         # the future and does the work on the waiting thread (two thread switches spared, the same result),
         # else it returns NOT_STOLEN and wait() waits for the future
+        # ordered: called in the waiting thread after every successful wait(): orders the waiter's GPU streams
+        # after the read's GPU work (a cache read returns before its kernels end)
         self._run, self._future, self._result, self._done, self._steal = run, future, result, done, steal
+        self._ordered = ordered
         self._error: Exception | None = None
         self._lock = threading.Lock()
         self._pid = os.getpid()
@@ -90,8 +94,10 @@ class ReadFuture:
                 self._run = None
             if self._error is not None:
                 raise self._error
-            # cast: set above, or given as result= (a ReadFuture is made with run, future or result)
-            return cast("torch.Tensor", self._result)
+        if self._ordered is not None:
+            self._ordered()
+        # cast: set above, or given as result= (a ReadFuture is made with run, future or result)
+        return cast("torch.Tensor", self._result)
 
     def done(self) -> bool:
         """Whether :meth:`wait` would return at once.

@@ -23,7 +23,7 @@ from directload.buffers import PAGE, StagingBuffer
 from directload.kernels.host_pool import size_class
 from directload.kernels.operands import memory_span
 
-__all__ = ["ReadBuffer", "Workspace", "nbytes_of", "span_bytes", "on_host"]
+__all__ = ["ReadBuffer", "Workspace", "Fence", "nbytes_of", "span_bytes", "on_host"]
 
 #: Bytes of a Python int above 256 held in a container (28 bytes, in a 32-byte block of CPython's allocator).
 INT_BYTES = 32
@@ -81,6 +81,44 @@ class ReadBuffer(StagingBuffer):
         super().release()
 
 
+class Fence:
+    """Where one read's GPU work ends: an event recorded on the current stream of each CUDA device it used.
+
+    A cache's read launches its gather and its copy into slots and returns without waiting for them: its
+    staging buffer is given back with the read's fence (the next read to take the buffer waits for it, on the
+    host, only if that work is still running), and whoever waits for the read's result orders its own stream
+    after the fence (:meth:`order`: no host wait).
+
+    Examples
+    --------
+    >>> Fence.after(torch.device("cpu")) is None  # work on the CPU is done when the call returns
+    True
+    """
+
+    def __init__(self, events: list[tuple[torch.device, Any]]) -> None:
+        self.events = events
+
+    @classmethod
+    def after(cls, *devices: torch.device | None) -> Fence | None:
+        """A fence after the work queued so far on the current streams of ``devices`` (None: no CUDA one)."""
+        events = []
+        for device in dict.fromkeys(d for d in devices if d is not None and d.type == "cuda"):
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            events.append((device, event))
+        return cls(events) if events else None
+
+    def wait(self) -> None:
+        """Block until the work is done (a staging buffer's reuse: its bytes are about to be written)."""
+        for _, event in self.events:
+            event.synchronize()
+
+    def order(self) -> None:
+        """Make the calling thread's current streams wait for the work, without a host wait."""
+        for device, event in self.events:
+            torch.cuda.current_stream(device).wait_event(event)
+
+
 class Workspace:
     """:class:`ReadBuffer` s lent to a store's concurrent reads: :meth:`take` lends one (an idle one, else a
     new one), :meth:`give` returns it (kept while fewer than ``keep`` are idle), and :meth:`arrays` lists the
@@ -100,20 +138,28 @@ class Workspace:
         self.keep, self.pin = int(keep), pin
         self._idle: list[ReadBuffer] = []
         self._lent: weakref.WeakSet[ReadBuffer] = weakref.WeakSet()
+        self._fences: weakref.WeakKeyDictionary[ReadBuffer, Fence | None] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
     def take(self) -> ReadBuffer:
+        """An idle buffer, the longest idle first (its GPU work the likeliest done), once its fence has passed;
+        else a new one."""
         with self._lock:
-            buf = self._idle.pop() if self._idle else ReadBuffer(pin=self.pin)
+            buf = self._idle.pop(0) if self._idle else ReadBuffer(pin=self.pin)
             self._lent.add(buf)
-            return buf
+            fence, self._fences[buf] = self._fences.get(buf), None
+        if fence is not None:
+            fence.wait()
+        return buf
 
-    def give(self, buf: ReadBuffer) -> None:
-        """Return ``buf`` once nothing reads or writes it any more (a GPU's work on it synchronized)."""
+    def give(self, buf: ReadBuffer, fence: Fence | None = None) -> None:
+        """Return ``buf``: nothing on the host reads or writes it any more, and the GPU's work on it (if any)
+        ends at ``fence``, which the next :meth:`take` of it waits for."""
         with self._lock:
             self._lent.discard(buf)
             if len(self._idle) < self.keep:
                 self._idle.append(buf)
+                self._fences[buf] = fence
 
     def arrays(self) -> tuple[np.ndarray, ...]:
         """The memory of every buffer lent or idle now."""
@@ -122,9 +168,14 @@ class Workspace:
         return tuple(a for a in (b.array for b in bufs) if a is not None)
 
     def release(self) -> None:
-        """Let the idle buffers go (lent ones go when their reads drop them)."""
+        """Let the idle buffers go, once the GPU's work on them has ended (lent ones go when their reads drop
+        them)."""
         with self._lock:
-            self._idle = []
+            idle, self._idle = self._idle, []
+            fences = [self._fences.pop(buf, None) for buf in idle]
+        for fence in fences:
+            if fence is not None:
+                fence.wait()
 
 
 def on_host(m: torch.Tensor | np.ndarray) -> bool:

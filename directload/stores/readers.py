@@ -42,12 +42,15 @@ class ReaderPool:
         self._idle = threading.Condition()
         self._stolen = 0  # reads their waiters run: close() waits for them
 
-    def submit(self, work: Callable[[], torch.Tensor], *, check: Callable[[], object]) -> ReadFuture:
+    def submit(self, work: Callable[[], torch.Tensor], *, check: Callable[[], object],
+               ordered: Callable[[], None] | None = None) -> ReadFuture:
         """A :class:`~directload.stores.ReadFuture` of ``work()``; ``check()`` runs first under the submit
-        lock (a closed store raises there, never the executor's "cannot schedule")."""
+        lock (a closed store raises there, never the executor's "cannot schedule"); ``ordered`` runs in each
+        waiting thread after its wait (:class:`~directload.stores.held.Fence.order`)."""
         with self._submit_lock:
             check()
-            return ReadFuture(future=self._executor.submit(work), steal=functools.partial(self._steal, work))
+            return ReadFuture(future=self._executor.submit(work), steal=functools.partial(self._steal, work),
+                              ordered=ordered)
 
     def _steal(self, work, future):
         with self._idle:

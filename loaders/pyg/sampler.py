@@ -192,25 +192,23 @@ class NeighborSampler(BaseSampler):
         # Before any work: the graph is built and pinned for a usable device only.
         where = device if isinstance(device, BatchDevice) else check_device(device)
         on_cuda = not isinstance(where, BatchDevice) and where.type == "cuda"
-        if graph is not None:
-            graph, num_nodes = _given_graph(graph, data, weight_attr)
-        else:
-            graph, num_nodes = _graphs_of(data, weight_attr)
+        built, num_nodes = (_given_graph(graph, data, weight_attr) if graph is not None
+                            else _graphs_of(data, weight_attr))
         self.keep_on_device = bool(keep_on_device)
         self.num_neighbors = num_neighbors if isinstance(num_neighbors, NumNeighbors) else NumNeighbors(num_neighbors)
         self.num_nodes = num_nodes
-        self.is_hetero = isinstance(graph, dict)
+        self.is_hetero = isinstance(built, dict)
         weighted = weight_attr is not None
-        if self.is_hetero:
-            fanouts = self.num_neighbors.get_values(list(graph))
+        if isinstance(built, dict):
+            fanouts = self.num_neighbors.get_values(list(built))
             if on_cuda:  # pinned and mapped in place: the GPU kernels read them zero-copy
-                graph = {et: g.to_unified() for et, g in graph.items()}
-            self.sampler = HeteroNeighborSampler(graph, num_nodes, fanouts, replace=replace, weighted=weighted,
+                built = {et: g.to_unified() for et, g in built.items()}
+            self.sampler = HeteroNeighborSampler(built, num_nodes, fanouts, replace=replace, weighted=weighted,
                                                  layout="pyg", device=where, generator=generator)
         else:
             if on_cuda:
-                graph = graph.to_unified()  # pinned and mapped in place: the GPU kernels read it zero-copy
-            self.sampler = _Sampler(graph, self.num_neighbors.get_values(), replace=replace, weighted=weighted,
+                built = built.to_unified()  # pinned and mapped in place: the GPU kernels read it zero-copy
+            self.sampler = _Sampler(built, self.num_neighbors.get_values(), replace=replace, weighted=weighted,
                                     layout="pyg", device=where, generator=generator)
         self.disjoint, self.node_time = False, None
 

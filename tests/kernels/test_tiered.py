@@ -178,3 +178,32 @@ def test_fill_slots_refuses_bad_slots_and_offsets_before_writing():
         assert not table.any()
     with pytest.raises(ValueError, match="dtype"):
         fill_slots(table, np.array([0]), flat.double(), np.array([0]))
+
+
+@pytest.mark.parametrize("where,match", [
+    ([0, 3, -1], "cache slot 3 is out of range for 3 slots"),
+    ([-1, -(9 * 4 + 1) - 1], "ends past the tier's 40 elements"),
+    ([2, -(2**63)], "ends past the tier's 40 elements"),
+])
+def test_a_device_where_is_clamped_and_its_error_raised_at_the_next_gather(where, match):
+    """A CUDA where is checked on its device by torch's ops, reading nothing back (kernels.bounds): the same ops
+    run here on CPU tensors.  A bad value is clamped to a valid one before any read, the error word takes the
+    launch's stamp, and the next gather (raise_pending) raises in the host check's words."""
+    from directload.kernels.bounds import DeviceBounds, check_where_on_device
+
+    bounds = DeviceBounds(torch.zeros(1, dtype=torch.int64))
+    good = check_where_on_device(torch.tensor([2, -1, -(8 * 4) - 1]), 3, 40, 4, bounds.word, bounds)
+    assert good.tolist() == [2, -1, -33] and int(bounds.word) == 0
+    bounds.raise_pending()  # nothing pending
+    clamped = check_where_on_device(torch.tensor(where), 3, 40, 4, bounds.word, bounds)
+    assert int(bounds.word) == 2  # the second launch's stamp
+    ok = (clamped >= 0) & (clamped < 3) | (clamped < 0) & (-clamped - 1 <= 40 - 4)
+    assert bool(ok.all()) and clamped.dtype == torch.int64
+    with pytest.raises(IndexError, match=match):
+        bounds.raise_pending()
+    bounds.raise_pending()  # reported once
+    no_slots = check_where_on_device(torch.tensor([5, -1]), 0, 40, 4, bounds.word, bounds)
+    assert no_slots.tolist() == [-1, -1]  # clamped into the flat tier, the only one
+    with pytest.raises(IndexError, match="every where value is out of range"):
+        check_where_on_device(torch.tensor([0]), 0, 3, 4, bounds.word, bounds)
+
