@@ -86,7 +86,7 @@ def own_sampler() -> str:
     return "framework"
 
 
-def graph_sampler(cfg: RunConfig, **prefetch: Any) -> BlockSampler:
+def graph_sampler(cfg: RunConfig, dataset: Dataset | None = None, **prefetch: Any) -> BlockSampler:
     """The run's neighbour sampler over ``cfg.fanouts``: directload's (``cfg.sampler == "directload"``), a DGL
     ``BlockSampler`` that DGL's loader runs as well as ours, or DGL's own.
 
@@ -102,8 +102,12 @@ def graph_sampler(cfg: RunConfig, **prefetch: Any) -> BlockSampler:
     if cfg.sampler == "directload":
         from directload.loaders.dgl import NeighborSampler
 
-        where = stage_devices(cfg)["sample"]  # directload's loader on a GPU: the batch sampled there
-        return NeighborSampler(list(cfg.fanouts), device=where if where != "cpu" else None, **prefetch)
+        where = stage_devices(cfg)["sample"]
+        if where == "cpu" or dataset is None:
+            return NeighborSampler(list(cfg.fanouts), **prefetch)
+        # directload's loader on a GPU: the batch sampled there, over the dataset's kept CSC (mapped from its
+        # files: with --nproc N, one copy of the graph for every rank of the machine, each sampling on its GPU)
+        return NeighborSampler(list(cfg.fanouts), device=where, csc=dataset.csc(), **prefetch)
     return dgl.dataloading.NeighborSampler(list(cfg.fanouts), **prefetch)
 
 
@@ -113,7 +117,7 @@ def make_loader(cfg: RunConfig, dataset: Dataset, ids: torch.Tensor, batch_size:
     sampler (:func:`graph_sampler`); with ``ddp`` this rank's share of ``ids``, split by DGL (``use_ddp=True``)."""
     feat: torch.Tensor  # the unified table, or the baseline's mapped file below
     graph, feat = dataset.graph, dataset.feat
-    sampler = graph_sampler(cfg, prefetch_node_feats=["feat"], prefetch_labels=["label"])
+    sampler = graph_sampler(cfg, dataset, prefetch_node_feats=["feat"], prefetch_labels=["label"])
     kw: dict[str, Any] = dict(device=cfg.device, batch_size=batch_size, shuffle=shuffle, drop_last=False,
                               num_workers=cfg.num_workers, use_ddp=ddp)
     if cfg.loader == "dgl":

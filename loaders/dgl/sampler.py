@@ -95,7 +95,7 @@ class _Plan:
     """directload's sampler over one DGL graph: its CSCs, and weights, read once, with what they were read from
     (the graph's index, the weight tensors and their versions, the sampler's settings)."""
 
-    def __init__(self, g, settings, path):
+    def __init__(self, g, settings, path, csc=None):
         fanouts, prob, replace, generator = settings
         self.path = path
         self.settings = (copy.deepcopy(fanouts), prob, replace, generator)  # a copy: fanouts[0] = 3 is seen
@@ -107,6 +107,9 @@ class _Plan:
             raise KeyError(f"prob {prob!r} is not an edge feature of the graph")
         graphs, self.sources = {}, []
         for et in self.etypes:
+            if csc is not None:
+                graphs[et] = _readable(_given_csc(csc, g, prob), path)
+                continue
             indptr, indices, eids = g.adj_tensors("csc", et)  # _structure_unsupported: CSC is allowed
             weights = None
             if prob is not None:
@@ -140,6 +143,18 @@ class _Plan:
         (nt,), (et,) = self.ntypes, self.etypes
         b = self.sampler.sample(seeds.get(nt, torch.empty(0, dtype=torch.int64)))
         return {nt: b.nodes}, [{et: hop} for hop in b.hops], {nt: b.num_sampled_nodes}
+
+
+def _given_csc(csc, g, prob):
+    """The CSC given for ``g`` (``csc=``), checked against it: one relation, its node and edge counts."""
+    if len(g.canonical_etypes) != 1 or len(g.ntypes) != 1:
+        raise ValueError("csc= is for a graph of one node and one edge type")
+    if prob is not None:
+        raise ValueError("csc= carries no weights of the graph's: leave out prob (or mask), or csc=")
+    if csc.num_nodes != g.num_nodes() or csc.num_edges != g.num_edges():
+        raise ValueError(f"csc has {csc.num_nodes} nodes and {csc.num_edges} edges; the graph has {g.num_nodes()} "
+                         f"and {g.num_edges()}")
+    return csc
 
 
 def _readable(graph, path):
@@ -261,6 +276,12 @@ output_device, fused
         for seeds or a graph there, else the CPU twin; ``"cuda"`` or a
         :class:`~directload.batch_device.BatchDevice` (the host emulation's,
         in tests): always there.
+    csc : CSCGraph, optional
+        The graph's CSC when it is built already (a dataset's kept CSC,
+        mapped from its files: one copy in memory for every process of the
+        machine, as ``directload train --nproc N`` shares it), read instead
+        of DGL's.  One node and edge type; its counts must be the graph's and
+        its edge ids DGL's.
 
     Raises
     ------
@@ -294,9 +315,12 @@ output_device, fused
                  prefetch_labels: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
                  prefetch_edge_feats: Sequence[str] | Mapping[Any, Sequence[str]] | None = None,
                  output_device: torch.device | str | None = None, fused: bool = True, *,
-                 generator: torch.Generator | None = None, device: torch.device | str | BatchDevice | None = None
-                 ) -> None:
+                 generator: torch.Generator | None = None, device: torch.device | str | BatchDevice | None = None,
+                 csc: CSCGraph | None = None) -> None:
         layers = _check_layers(fanouts)
+        if csc is not None and not isinstance(csc, CSCGraph):
+            raise TypeError(f"csc must be a directload.graph.CSCGraph, got {type(csc).__name__}")
+        self.csc = csc
         self.sample_on = device if device is None or isinstance(device, BatchDevice) else check_device(device)
         if edge_dir not in _EDGE_DIRS:
             raise ValueError(f"edge_dir must be 'in' or 'out', got {edge_dir!r}")
@@ -450,7 +474,7 @@ output_device, fused
             reason = _structure_unsupported(g)
             if reason is not None:
                 return reason
-            plan = _Plan(g, settings, path)
+            plan = _Plan(g, settings, path, self.csc)
             self._plans[g] = plan
             return plan
 

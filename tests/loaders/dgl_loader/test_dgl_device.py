@@ -92,3 +92,26 @@ def test_a_device_given_as_a_name_is_checked_when_the_sampler_is_made():
         NeighborSampler([2], device="cuda")
     with pytest.raises(ValueError, match="not a device"):
         NeighborSampler([2], device="bogus")
+
+
+def test_a_csc_given_for_the_graph_gives_the_batches_of_dgls_own(graph):
+    """directload train --nproc N samples over the dataset's kept CSC (one mapped copy per machine): the
+    batches are those of the graph's own CSC, whose edge ids are DGL's."""
+    from directload.graph import CSCGraph
+
+    src, dst = graph.edges()
+    csc = CSCGraph.from_edge_index(torch.stack([src, dst]), graph.num_nodes())
+    gpu = EmulatedGpu()
+    kw = dict(prefetch_node_feats=["feat"])
+    got = _epoch(DataLoader(graph, torch.arange(64), NeighborSampler([4, 3], device=gpu, csc=csc, **kw),
+                            batch_size=32))
+    want = _epoch(DataLoader(graph, torch.arange(64), NeighborSampler([4, 3], **kw), batch_size=32))
+    for (ia, _, ba), (ib, _, bb) in zip(got, want):
+        assert _same(ia, ib)
+        for x, y in zip(ba, bb):
+            _same_block(x, y)
+    with pytest.raises(ValueError, match="csc has 10 nodes"):
+        small = CSCGraph.from_edge_index(torch.tensor([[0], [1]]), 10)
+        next(iter(DataLoader(graph, torch.arange(4), NeighborSampler([2], csc=small), batch_size=4)))
+    with pytest.raises(TypeError, match="csc must be a directload.graph.CSCGraph"):
+        NeighborSampler([2], csc="graph")
