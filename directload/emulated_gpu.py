@@ -66,11 +66,12 @@ class EmulatedGpu(BatchDevice):
         self.reads = HostReads()
         self.grid, self.block = grid, block
         self.uploads = 0
-        self._launchers: list[Launcher] = []
+        self._launchers: list[Launcher] = []  # those not checked yet (check_guards lets them go)
+        self._checked_launches = 0
 
     @property
     def launches(self) -> int:
-        return sum(len(launcher.launched) for launcher in self._launchers)
+        return self._checked_launches + sum(len(launcher.launched) for launcher in self._launchers)
 
     def launcher(self) -> Launcher:
         launcher = Launcher(self.grid, self.block, poison=True, reads=self.reads)
@@ -91,6 +92,9 @@ class EmulatedGpu(BatchDevice):
         return DeviceTable.of(unified, unified.host)
 
     def check_guards(self) -> None:
-        """Raise ``EmulationError`` if any kernel wrote past a buffer the drivers sized."""
+        """Raise ``EmulationError`` if any kernel wrote past a buffer the drivers sized since the last check
+        (whose launchers, and the buffers their guards keep, are let go)."""
         for launcher in self._launchers:
             launcher.check_guards()
+        self._checked_launches += sum(len(launcher.launched) for launcher in self._launchers)
+        self._launchers = []
