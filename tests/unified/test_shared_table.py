@@ -133,7 +133,8 @@ _RANK = textwrap.dedent("""
 
     def pss():
         return {name: int(rest.split()[0]) * 1024 for name, _, rest in
-                (line.partition(":") for line in open("/proc/self/smaps_rollup")) if name in ("Pss", "Pss_Shmem")}
+                (line.partition(":") for line in open("/proc/self/smaps_rollup"))
+                if name in ("Pss", "Pss_Shmem", "Pss_Anon")}
 
     def load():  # row i holds i * cols + 0..cols-1, exact in float32 below 2**24
         loads.append(os.getpid())
@@ -149,7 +150,8 @@ _RANK = textwrap.dedent("""
     print(json.dumps({"ok": ok, "loaded": bool(loads)}), flush=True)
     sys.stdin.readline()  # measure once every rank has touched every page
     after = pss()
-    print(json.dumps({"Pss_Shmem": after["Pss_Shmem"], "grew": after["Pss"] - before["Pss"]}), flush=True)
+    print(json.dumps({"Pss_Shmem": after["Pss_Shmem"], "grew": after["Pss"] - before["Pss"],
+                      "grew_anon": after.get("Pss_Anon", 0) - before.get("Pss_Anon", 0)}), flush=True)
     sys.stdin.read()  # hold the table until every rank has measured
 """)
 
@@ -185,9 +187,10 @@ def test_every_rank_reads_the_same_rows_and_the_table_counts_once_on_the_node(sh
     assert sum(r["grew"] for r in shared) <= 1.25 * nbytes  # the processes grew by one table in all ...
     private = _ranks(n, "private", shm, f"private{n}")
     assert all(r["ok"] for r in private) and sum(r["loaded"] for r in private) == n
-    # ... and by n tables with a copy each (0.9: RSS growth runs a little under the copies, 0.945 x 4 seen in CI;
-    # still far above the 1.25 tables the shared runs may grow by)
-    assert sum(r["grew"] for r in private) >= 0.9 * n * nbytes
+    # ... and by n tables with a copy each.  Counted in private (anonymous) memory alone: a process's whole Pss
+    # also falls while it runs, as other processes map the libraries it shares (0.87 x 2 tables seen under CI's
+    # other lane), which a copy's growth cannot be told from
+    assert sum(r["grew_anon"] for r in private) >= 0.95 * n * nbytes
     assert _ours(shm) == []
 
 
