@@ -5,7 +5,7 @@ A codec turns a float table ``[rows, dim]`` into a table of codes that every tie
 per feature row, read whole) and that only the last hop decodes:
 
 * ``float16``: IEEE half precision, 2 bytes a feature; relative error at most 2**-11 for normal values, absolute
-  at most 2**-25 below them; values beyond ±65504 are refused.
+  at most 2**-25 below them; values beyond +-65504 are refused.
 * ``bfloat16``: 2 bytes a feature, float32's range; relative error at most 2**-8 (absolute 2**-134 below the
   normal range).
 * ``int8`` rowwise (FBGEMM's fused 8-bit rowwise layout): each row's ``dim`` uint8 codes followed by its float32
@@ -14,7 +14,7 @@ per feature row, read whole) and that only the last hop decodes:
   value and ``scale = (max - min) / 255``: an error of at most ``scale / 2`` per feature (plus float32 rounding
   of the decode), and a constant row (zero scale) decodes exactly.
 
-Values that are not finite (NaN, ±infinity) are refused by every codec with :class:`CodecValueError`, naming the
+Values that are not finite (NaN, +-infinity) are refused by every codec with :class:`CodecValueError`, naming the
 row, before anything is written: a scale cannot span them, and a NaN would silently spread through a row.
 
 Encoding streams: :meth:`Codec.encode` reads ``chunk_rows`` rows at a time (a NumPy memmap stays on disk) and
@@ -150,7 +150,7 @@ class Codec:
         CodecError
             A table that is not 2-D floats, or an ``out`` of the wrong shape or dtype, before any work.
         CodecValueError
-            NaN or an infinity (every codec), a value beyond ±65504 (float16): naming the row; rows before it
+            NaN or an infinity (every codec), a value beyond +-65504 (float16): naming the row; rows before it
             may be written already (the table itself is never written).
         """
         rows, dim = self._check_table(table)
@@ -185,7 +185,7 @@ class Codec:
             if bool(big.any()):
                 row = int(big.any(1).nonzero()[0, 0])
                 raise CodecValueError(f"row {first_row + row} holds {x[row][big[row]][0].item():g}, beyond float16's "
-                                      "range (±65504): use bfloat16 or int8, or scale the table")
+                                      "range (+-65504): use bfloat16 or int8, or scale the table")
             return x.to(torch.float16)
         if self.name == "bfloat16":
             return x.to(torch.bfloat16)
