@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from directload.capabilities import usable_device
+from directload.kernels.operands import can_gather
 from directload.kernels.sampling_gpu import CupyLauncher, HostReads, SampleLauncher
 
 from .unified import UnifiedTensor, is_unified, to_unified
@@ -134,8 +135,6 @@ class CudaDevice(BatchDevice):
 def unified_table(values: torch.Tensor, affinity: str) -> UnifiedTensor | None:
     """``values`` as a unified tensor sharing its bytes (or a contiguous copy's), None when directload cannot
     gather it (autograd, odd element sizes)."""
-    from directload.kernels.operands import can_gather
-
     if isinstance(values, UnifiedTensor):
         return values
     if values.requires_grad or values.device.type != "cpu" or values.layout != torch.strided:

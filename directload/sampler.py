@@ -164,14 +164,19 @@ def _check_layout(layout):
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
 
 
+def _check_ids_tensor(seeds, what):
+    """``TypeError`` unless ``seeds`` is a 1-d int32 or int64 tensor (wherever it lives)."""
+    if seeds.dtype not in (torch.int32, torch.int64) or seeds.dim() != 1:
+        raise TypeError(f"{what}s must be a 1-d int32 or int64 tensor, got {seeds.dtype} of shape "
+                        f"{tuple(seeds.shape)}")
+
+
 def _seeds_array(seeds, num_nodes, what="seed"):
     if isinstance(seeds, np.ndarray):
         seeds = torch.from_numpy(seeds)
     if not isinstance(seeds, torch.Tensor):
         raise TypeError(f"{what}s must be a tensor of node ids, got {type(seeds).__name__}")
-    if seeds.dtype not in (torch.int32, torch.int64) or seeds.dim() != 1:
-        raise TypeError(f"{what}s must be a 1-d int32 or int64 tensor, got {seeds.dtype} of shape "
-                        f"{tuple(seeds.shape)}")
+    _check_ids_tensor(seeds, what)
     s = host_of(seeds).cpu().to(torch.int64).numpy()
     if s.size:
         lo, hi = int(s.min()), int(s.max())
@@ -185,9 +190,7 @@ def _device_seeds(seeds, path, num_nodes, launcher, what="seed"):
     """``seeds`` checked and on ``path``'s device: host ids checked on the host and uploaded without a wait; ids
     already on the device checked with one counted host read (their least and greatest)."""
     if isinstance(seeds, torch.Tensor) and seeds.device.type != "cpu" and seeds.device == path.device:
-        if seeds.dtype not in (torch.int32, torch.int64) or seeds.dim() != 1:
-            raise TypeError(f"{what}s must be a 1-d int32 or int64 tensor, got {seeds.dtype} of shape "
-                            f"{tuple(seeds.shape)}")
+        _check_ids_tensor(seeds, what)
         if seeds.numel():
             lo, hi = launcher.read(torch.stack([seeds.min(), seeds.max()]))
             if lo < 0 or hi >= num_nodes:

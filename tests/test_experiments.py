@@ -29,6 +29,7 @@ class _Result:
     warm: dict = None
     ranks: list = None
     budget: dict = None
+    stages: dict = field(default_factory=dict)
 
 
 # epoch seconds by (condition, loader): the hog slows DGL's loader 3x and directload's 2x
@@ -96,3 +97,24 @@ def test_the_table_names_each_condition_and_the_slowdown(runs, capsys):
     assert "OpenMP wait policy passive" in out and "epoch vs quiet" in out
     hog_directload = next(line for line in out.splitlines() if " hog " in line and "directload" in line)
     assert "2.000 (2.000-2.000)" in hog_directload and "0.600" in hog_directload
+
+
+def test_the_report_says_where_each_stage_ran(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from directload.harness.train_inputs import stage_devices
+
+    def fake_train(dataset, cfg, progress=True):
+        where = SimpleNamespace(device="cuda", loader=cfg.loader, sampler="directload", framework="pyg",
+                                features="memory")
+        return _Result([_Epoch(2.0), _Epoch(1.0)], stages=stage_devices(where))
+
+    monkeypatch.setattr(experiments, "train", fake_train)
+    rows = experiments.compare(None, TrainConfig(), seeds=(0,), progress=False)
+    summary = experiments.summarize(rows)
+    assert {r["loader"]: r["stages"]["sample"] for r in summary} == {"dgl": "cpu", "directload": "cuda"}
+    experiments.print_summary(summary, {"dataset": "d", "nodes": 1, "edges": 1, "feats": 1, "device": "cuda",
+                                        "torch_threads": 2, "openmp_wait_policy": "passive"})
+    out = capsys.readouterr().out
+    assert "sage/directload ran: sample on cuda, gather on cuda, train on cuda" in out
+    assert "sage/dgl ran: sample on cpu, gather on cpu, train on cuda" in out
