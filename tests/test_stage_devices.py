@@ -1,7 +1,6 @@
-"""Where each stage of a run's batches runs, as the harness decides it (tests/test_experiments.py checks the report
-says it): on a GPU,
-directload's loader with directload's sampler samples, gathers and trains there; a framework's own loader
-samples and gathers on the CPU."""
+"""Where each stage of a run's batches runs, as the harness decides it: on a GPU, directload's loader with
+directload's sampler samples, gathers and trains there; a framework's own loader samples and gathers on the
+CPU.  (tests/test_experiments.py checks that the report says so.)"""
 
 from types import SimpleNamespace
 
