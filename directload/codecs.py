@@ -46,13 +46,16 @@ from tqdm import tqdm
 
 from .errors import DirectloadError
 
-__all__ = ["Codec", "CodecError", "CodecValueError", "CODECS", "codec", "DEFAULT_CHUNK_ROWS", "INT8_TAIL"]
+__all__ = ["Codec", "CodecError", "CodecValueError", "CODECS", "codec", "DEFAULT_CHUNK_ROWS", "INT8_TAIL",
+           "EncodedTable", "encode", "DECODED_DTYPES"]
 
 #: Rows encoded at a time: a chunk's float32 copy and its codes are all an encode holds beside its output.
 DEFAULT_CHUNK_ROWS = 1 << 16
 #: Bytes after an int8 row's codes: its float32 scale, then its float32 offset.
 INT8_TAIL = 8
-_DECODED = (torch.float32, torch.float16, torch.bfloat16)
+#: The dtypes a decode may write.
+DECODED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_DECODED = DECODED_DTYPES
 
 
 class CodecError(DirectloadError, ValueError):
@@ -256,3 +259,80 @@ def codec(name: str | Codec) -> Codec:
     if found is None:
         raise CodecError(f"no codec {name!r}: one of {', '.join(CODECS)}")
     return found
+
+
+@dataclass(frozen=True, eq=False)
+class EncodedTable:
+    """A table of codes and their codec: what :func:`directload.kernels.gather` decodes inside the gather.
+
+    ``codes`` is the 2-D tensor of :attr:`Codec.code_dtype` that :meth:`Codec.encode` writes (one code row per
+    feature row), contiguous, in host memory (plain or pinned and mapped) or on a CUDA device.  The table
+    reads as ``[rows, dim]`` decoded features.
+
+    Raises
+    ------
+    CodecError
+        ``codes`` of another dtype, not 2-D, not contiguous, or rows too short for the codec.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from directload.codecs import encode
+    >>> table = encode(torch.tensor([[1.0, 2.0, 3.0]]), "int8")
+    >>> table.shape, table.row_bytes, table.codes.dtype
+    ((1, 3), 11, torch.uint8)
+    """
+
+    codes: torch.Tensor
+    codec: Codec
+
+    def __post_init__(self):
+        object.__setattr__(self, "codec", codec(self.codec))
+        want = self.codec.code_dtype
+        if not isinstance(self.codes, torch.Tensor) or self.codes.dtype != want or self.codes.dim() != 2:
+            raise CodecError(f"{self.codec.name} codes are a 2-D {want} tensor, got "
+                             f"{getattr(self.codes, 'dtype', type(self.codes).__name__)} of shape "
+                             f"{tuple(getattr(self.codes, 'shape', ()))}")
+        if not self.codes.is_contiguous():
+            raise CodecError(f"{self.codec.name} codes must be contiguous (a gather reads whole code rows)")
+        self.codec.dim_of(self.codes.shape[1])
+
+    @property
+    def dim(self) -> int:
+        """Features per decoded row."""
+        return self.codec.dim_of(self.codes.shape[1])
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(rows, dim)``: the decoded table's shape."""
+        return int(self.codes.shape[0]), self.dim
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one code row (what every tier moves per row)."""
+        return self.codes.shape[1] * self.codes.element_size()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all the codes."""
+        return self.codes.shape[0] * self.row_bytes
+
+    @property
+    def device(self) -> torch.device:
+        """The codes' device."""
+        return self.codes.device
+
+    def __len__(self) -> int:
+        return int(self.codes.shape[0])
+
+    def decode(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Every row, decoded to ``dtype`` by the reference decode (:meth:`Codec.decode`)."""
+        return self.codec.decode(self.codes, dtype)
+
+
+def encode(table: torch.Tensor | np.ndarray, name: str | Codec, *, out: torch.Tensor | None = None,
+           chunk_rows: int = DEFAULT_CHUNK_ROWS, progress: bool = False) -> EncodedTable:
+    """``table`` encoded by the codec called ``name``, as an :class:`EncodedTable` (:meth:`Codec.encode` streams
+    it: same arguments, same errors)."""
+    chosen = codec(name)
+    return EncodedTable(chosen.encode(table, out=out, chunk_rows=chunk_rows, progress=progress), chosen)

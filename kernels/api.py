@@ -14,7 +14,9 @@ import functools
 import numpy as np
 import torch
 
-from . import cpu_path, futures, gpu_path
+from directload.codecs import EncodedTable
+
+from . import cpu_path, decode, futures, gpu_path
 from .cpu_path import POOL_BYTES
 from .devices import memory_of
 from .futures import GatherFuture
@@ -56,7 +58,7 @@ def _plan(src, index, out, backend, *, cpu_bounds, strict=False) -> tuple[str, t
     return name, index, out
 
 
-def gather_async(src: torch.Tensor, index: torch.Tensor | np.ndarray, *, out: torch.Tensor | None = None,
+def gather_async(src: torch.Tensor | EncodedTable, index: torch.Tensor | np.ndarray, *, out: torch.Tensor | None = None,
                  backend: str = "auto", aligned: bool = True, background: bool = False,
                  variant: Variant | str | None = None, strict: bool = False) -> GatherFuture:
     """Start ``out[i] = src[index[i]]`` and return a :class:`GatherFuture`.
@@ -68,6 +70,10 @@ def gather_async(src: torch.Tensor, index: torch.Tensor | np.ndarray, *, out: to
     CPU gather runs at once on the caller's thread, or on a worker thread with
     ``background=True`` (see :class:`GatherFuture`).
     """
+    if isinstance(src, EncodedTable):
+        if variant is not None:
+            raise ValueError("variant chooses among the plain gather's kernels; an EncodedTable has its own")
+        return decode.gather_encoded(src, index, out=out, backend=backend, background=background, strict=strict)
     if type(index) is torch.Tensor and index.is_cuda:  # type: ignore[union-attr]  # a tensor: type() just said so
         if not (background or strict or out is not None) and backend == "auto":
             done = gpu_path.gather_fast(src, index, aligned, variant)
@@ -97,20 +103,24 @@ def gather_async(src: torch.Tensor, index: torch.Tensor | np.ndarray, *, out: to
     return GatherFuture(None, work())
 
 
-def gather(src: torch.Tensor, index: torch.Tensor | np.ndarray, *, out: torch.Tensor | None = None,
+def gather(src: torch.Tensor | EncodedTable, index: torch.Tensor | np.ndarray, *, out: torch.Tensor | None = None,
            backend: str = "auto", aligned: bool = True, variant: Variant | str | None = None,
            strict: bool = False) -> torch.Tensor:
     """Gather rows: ``out[i] = src[index[i]]``, bit-exact.
 
     Parameters
     ----------
-    src : torch.Tensor
+    src : torch.Tensor or directload.codecs.EncodedTable
         The table; its first dimension is the row.  Elements of 1, 2, 4 or 8
         bytes (float16/32/64, bfloat16, int8/uint8, int32/int64, bool), any row
         length.  Ordinary host memory, pinned GPU-mapped host memory (a unified
         tensor, or a pinned tensor on a UVA system), or CUDA memory.  Must be
         contiguous: a strided ``src`` raises ``ValueError`` rather than being
-        copied.
+        copied.  An :class:`~directload.codecs.EncodedTable` (compressed rows)
+        is decoded inside the gather: ``out[i]`` is the reference decode of
+        code row ``index[i]``, bit for bit, in ``out``'s dtype (float32,
+        float16 or bfloat16; float32 when ``out`` is None), with no copy of the
+        codes in between (:mod:`directload.kernels.decode`).
     index : torch.Tensor or numpy.ndarray
         1-D int32 or int64 rows, on the CPU or a CUDA device.  Duplicates and an
         empty index are fine.

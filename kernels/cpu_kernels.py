@@ -23,7 +23,8 @@ from .indexing import naive_element, tier_row
 from .intrinsics import call_int, call_void, copy_row, pointer, prefetch
 
 __all__ = ["first_invalid", "KERNELS", "team_kernel", "LAUNCH", "FLAGS", "TID", "RESULT", "NP_CARRIER", "NP_INDEX",
-           "PREFETCH_ROWS", "PREFETCH_LINES", "MEMCPY_BYTES", "TIERED_KERNELS", "FILL_KERNELS"]
+           "PREFETCH_ROWS", "PREFETCH_LINES", "MEMCPY_BYTES", "TIERED_KERNELS", "FILL_KERNELS",
+           "share_of", "specialise", "prefetch_ahead", "team_check"]
 
 _naive = njit(inline="always")(naive_element)
 
@@ -53,6 +54,17 @@ def first_invalid(idx: np.ndarray, n_rows: int) -> int:
 
 
 @njit(inline="always")
+def prefetch_ahead(table: np.ndarray, idx: np.ndarray, i: int, hi: int, lines: int) -> None:
+    """Prefetch the first ``lines`` cache lines of ``table[idx[i + PREFETCH_ROWS]]`` when that is before ``hi``:
+    what each worker of a row gather does before it reads row ``idx[i]``."""
+    ahead = i + PREFETCH_ROWS
+    if ahead < hi:
+        far = idx[ahead]
+        for line in range(lines):
+            prefetch(table, far, line * 64)
+
+
+@njit(inline="always")
 def _aligned_rows(src, idx, out, lo, hi):
     # The aligned mapping's partition of work: whole rows per worker, as one warp
     # per row on the GPU.  The circular order inside a row only serves the GPU's
@@ -64,11 +76,7 @@ def _aligned_rows(src, idx, out, lo, hi):
     row_bytes = row_elems * src.itemsize
     lines = min((row_bytes + 63) // 64, PREFETCH_LINES)
     for i in range(lo, hi):
-        ahead = i + PREFETCH_ROWS
-        if ahead < hi:
-            far = idx[ahead]
-            for line in range(lines):
-                prefetch(src, far, line * 64)
+        prefetch_ahead(src, idx, i, hi, lines)
         row = idx[i]
         if row_bytes >= MEMCPY_BYTES:
             copy_row(out, i, src, row, row_bytes)
@@ -87,12 +95,12 @@ def _naive_elements(src, idx, out, lo, hi):
 
 
 @njit(inline="always")
-def _share(units, part, parts):
+def share_of(units: int, part: int, parts: int) -> tuple[int, int]:
     """``[lo, hi)`` of ``part`` out of ``parts`` equal shares of ``units``."""
     return units * part // parts, units * (part + 1) // parts
 
 
-def _specialise(body, name, **constants):
+def specialise(body: Any, name: str, **constants: object) -> FunctionType:
     """A copy of ``body`` under its own name, with module constants overridden.
 
     Numba's on-disk cache is keyed by qualified name, so every variant needs its own.
@@ -111,7 +119,7 @@ def _aligned_kernel(src, idx, out, parts):
     if bad >= 0:
         return bad
     for p in prange(parts):
-        lo, hi = _share(idx.shape[0], p, parts)
+        lo, hi = share_of(idx.shape[0], p, parts)
         _aligned_rows(src, idx, out, lo, hi)
     return -1
 
@@ -122,7 +130,7 @@ def _naive_kernel(src, idx, out, parts):
         return bad
     units = idx.shape[0] * src.shape[1]
     for p in prange(parts):
-        lo, hi = _share(units, p, parts)
+        lo, hi = share_of(units, p, parts)
         _naive_elements(src, idx, out, lo, hi)
     return -1
 
@@ -131,7 +139,7 @@ def _naive_kernel(src, idx, out, parts):
 #: first index out of range (nothing written).  Parallel ones run on Numba's threading layer.
 KERNELS: dict[tuple[bool, bool], Any] = {
     (aligned, parallel): njit(parallel=parallel, nogil=True, cache=True, boundscheck=False)(
-        _specialise(body, "parallel" if parallel else "serial"))
+        specialise(body, "parallel" if parallel else "serial"))
     for aligned, body in ((True, _aligned_kernel), (False, _naive_kernel))
     for parallel in (True, False)
 }
@@ -150,15 +158,17 @@ _SRC, _ROWS, _ROW_ELEMS, _IDX, _N, _OUT, RESULT, TID, _NTHREADS, _BARRIER, FLAGS
 LAUNCH = struct.Struct("<6q")
 
 
-def _team_body(data):
+@njit(inline="always")
+def team_check(data: int, idx: np.ndarray) -> tuple[int, int, int, int, int]:
+    """A team body's first step, over the argument block at ``data``: this part checks its share of ``idx``
+    against the block's rows, all parts meet at the barrier, and each then knows the first bad position of the
+    whole index (part 0 stores it as the launch's result).  ``(first, part, parts, lo, hi)``: -1 or that position,
+    this part's number, the team's size, and this part's share ``[lo, hi)`` of the ids."""
     a = carray(pointer(data), FLAGS, np.int64)
-    src = carray(pointer(a[_SRC]), (a[_ROWS], a[_ROW_ELEMS]), CARRIER)
-    idx = carray(pointer(a[_IDX]), a[_N], INDEX)
-    out = carray(pointer(a[_OUT]), (a[_N], a[_ROW_ELEMS]), CARRIER)
     part = call_int(a[TID])
     parts = call_int(a[_NTHREADS])
     flags = carray(pointer(data + 8 * FLAGS), parts, np.int64)
-    lo, hi = _share(a[_N], part, parts)
+    lo, hi = share_of(a[_N], part, parts)
     bad = first_invalid(idx[lo:hi], a[_ROWS])
     flags[part] = lo + bad if bad >= 0 else -1
     call_void(a[_BARRIER])  # every part checked before any part writes
@@ -169,12 +179,21 @@ def _team_body(data):
             break
     if part == 0:
         a[RESULT] = first
+    return first, part, parts, lo, hi
+
+
+def _team_body(data):
+    a = carray(pointer(data), FLAGS, np.int64)
+    src = carray(pointer(a[_SRC]), (a[_ROWS], a[_ROW_ELEMS]), CARRIER)
+    idx = carray(pointer(a[_IDX]), a[_N], INDEX)
+    out = carray(pointer(a[_OUT]), (a[_N], a[_ROW_ELEMS]), CARRIER)
+    first, part, parts, lo, hi = team_check(data, idx)
     if first >= 0:
         return
     if ALIGNED:
         _aligned_rows(src, idx, out, lo, hi)
     else:
-        lo, hi = _share(a[_N] * a[_ROW_ELEMS], part, parts)
+        lo, hi = share_of(a[_N] * a[_ROW_ELEMS], part, parts)
         _naive_elements(src, idx, out, lo, hi)
 
 
@@ -183,7 +202,7 @@ def team_kernel(aligned: bool, carrier_size: int, index_size: int) -> int:
     """The compiled team body's address (a C ``void body(int64 block_address)``, started by ``GOMP_parallel``),
     one per mapping, element size and index size; compiled, or loaded from Numba's cache, on first use."""
     name = f"{'aligned' if aligned else 'naive'}_e{carrier_size}_i{index_size}"
-    fn = _specialise(_team_body, name, ALIGNED=aligned, CARRIER=NP_CARRIER[carrier_size],
+    fn = specialise(_team_body, name, ALIGNED=aligned, CARRIER=NP_CARRIER[carrier_size],
                      INDEX=NP_INDEX[index_size])
     return cfunc(types.void(types.intp), nopython=True, nogil=True, cache=True, boundscheck=False)(fn).address
 

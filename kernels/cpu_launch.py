@@ -33,9 +33,11 @@ from directload.capabilities import UnavailableError
 
 from . import forks
 from .cpu_kernels import FILL_KERNELS, FLAGS, KERNELS, LAUNCH, RESULT, TID, TIERED_KERNELS, team_kernel
+from .decode_cpu import decode_team_kernel
 from .operands import check_launch, check_readable
 
-__all__ = ["launch", "launch_tiered", "fill_rows", "set_team", "team", "get_num_threads", "set_num_threads",
+__all__ = ["launch", "launch_decode", "launch_tiered", "fill_rows", "set_team", "team", "get_num_threads",
+           "set_num_threads",
            "SERIAL_BYTES"]
 
 #: Output bytes below which the serial kernel runs: starting a team costs more than the copy.
@@ -202,6 +204,23 @@ def launch(src: torch.Tensor, index: torch.Tensor, out: torch.Tensor, *, aligned
     index = torch.from_numpy(np.ascontiguousarray(index)) if type(index) is np.ndarray else index.contiguous()
     return _run_team(team_kernel(bool(aligned), src.element_size(), index.element_size()), threads,
                      src.data_ptr(), src.shape[0], src.shape[1], index.data_ptr(), index.shape[0], out.data_ptr())
+
+
+def launch_decode(codes: torch.Tensor, index: torch.Tensor, out: torch.Tensor, codec_name: str) -> int:
+    """The decoding gather on the CPU, on torch's team: ``out[i] = decode(codes[index[i]])``, after checking every
+    index (:mod:`directload.kernels.decode_cpu`).
+
+    ``codes`` is a C-contiguous 2-D CPU tensor of the codec's code dtype, ``index`` 1-D contiguous int32/int64,
+    ``out`` C-contiguous ``[len(index), dim]`` float32, float16 or bfloat16; all checked by the caller
+    (:mod:`directload.kernels.decode`).  Returns -1, or the position of the first index outside
+    ``[0, len(codes))`` (then nothing was written).  Needs torch's OpenMP team (:func:`team` is ``"torch"``).
+    """
+    for name, a in (("codes", codes), ("index", index), ("out", out)):
+        check_readable(a, name, ("cpu",))
+    threads = get_num_threads() if out.numel() * out.element_size() >= SERIAL_BYTES else 1
+    body = decode_team_kernel(codec_name, str(out.dtype).removeprefix("torch."), index.element_size())
+    return _run_team(body, threads, codes.data_ptr(), codes.shape[0], codes.shape[1], index.data_ptr(),
+                     index.shape[0], out.data_ptr())
 
 
 def launch_tiered(cache: torch.Tensor, flat: torch.Tensor, where: torch.Tensor, out: torch.Tensor, *,

@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .indexing import BLOCK, WARP, persistent_grid
-from .nvrtc import check_clamp_kernel_name, compile_gather, kernel_name, rowvec_kernel_name, tiered_kernel_name
+from .nvrtc import (
+    check_clamp_kernel_name,
+    compile_gather,
+    decode_kernel_name,
+    kernel_name,
+    rowvec_kernel_name,
+    tiered_kernel_name,
+)
 from .operands import check_launch
 from .sources import CUDA_DIR, cache_dir
 from .variants import Variant, legal_width
@@ -27,7 +34,8 @@ if TYPE_CHECKING:
     import cupy
     import torch
 
-__all__ = ["launch", "launch_variant", "launch_check_clamp", "launch_tiered", "kernel", "tiered_kernel",
+__all__ = ["launch", "launch_variant", "launch_decode", "launch_check_clamp", "launch_tiered", "kernel",
+           "tiered_kernel",
            "gather_rows", "gather_tiered_rows", "launch_kernel"]
 
 _NULL = np.uint64(0)  # a null pointer argument (no pos, no err word, no trace)
@@ -172,6 +180,22 @@ def launch_variant(variant: Variant, *, device_id: int, src_ptr: int, n_rows: in
     args = (src, ids, pos, out, np.int64(n), np.int64(row_elems), bounds, err, np.uint64(stamp), _NULL, _NULL)
     _run(device_id, kernel_name(aligned, unit, index.element_size()), n * (WARP if aligned else row_elems), args,
          stream_ptr)
+
+
+def launch_decode(*, device_id: int, codes_ptr: int, n_rows: int, code_row_bytes: int, dim: int, codec_id: int,
+                  out_id: int, index: torch.Tensor, out_ptr: int, err_ptr: int, stamp: int, stream_ptr: int) -> None:
+    """Start the decoding gather ``out[i] = decode(codes[index[i]])`` (``gather_decode`` of gather.cu) on
+    ``stream_ptr``: a warp per row; no host sync, no event; an id out of ``[0, n_rows)`` is clamped and stores
+    ``stamp`` into the error word at ``err_ptr`` (0: none).  ``codec_id`` and ``out_id`` number the codec and the
+    output dtype as :mod:`directload.kernels.decode_cpu` does; ``codes_ptr`` addresses device or mapped host
+    memory, ``out_ptr`` a contiguous ``[len(index), dim]`` output on the device; ``index`` contiguous CUDA
+    int32/int64."""
+    n = index.shape[0]
+    if n == 0 or dim == 0:
+        return
+    args = (np.uint64(codes_ptr), np.uint64(index.data_ptr()), np.uint64(out_ptr), np.int64(n),
+            np.int64(code_row_bytes), np.int64(dim), np.int64(n_rows), np.uint64(err_ptr), np.uint64(stamp))
+    _run(device_id, decode_kernel_name(codec_id, out_id, index.element_size()), n * WARP, args, stream_ptr)
 
 
 def launch_check_clamp(*, device_id: int, index: torch.Tensor, clamped: torch.Tensor, n_rows: int, err_ptr: int,

@@ -19,7 +19,8 @@ from .indexing import BLOCK
 from .sources import CUDA_DIR, cache_dir
 
 __all__ = ["CUDA_DIR", "LOCK", "EmulationError", "AccessCounts", "library", "launch", "launch_rowvec",
-           "launch_check_clamp", "launch_tiered", "counters", "reset_counters", "probe", "aligned_mirror",
+           "launch_check_clamp", "launch_tiered", "launch_decode", "counters", "reset_counters", "probe",
+           "aligned_mirror",
            "tier_row_mirror"]
 
 _SOURCES = ("gather.cu", "sample.cu", "cuda_shim.h", "emu_launch.cpp", "emu_sample.cpp")
@@ -89,6 +90,9 @@ def library():
                                          ctypes.c_longlong]
     lib.dl_emu_tier_row.restype = None
     lib.dl_emu_tier_row.argtypes = [ctypes.c_longlong] * 5 + [ctypes.c_void_p]
+    lib.dl_emu_decode.restype = ctypes.c_int
+    lib.dl_emu_decode.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, uint, uint, ptr, i64, ptr, ptr, i64, i64,
+                                  i64, i64, i64, ptr, u64]
     lib.dl_emu_aligned.restype = None
     lib.dl_emu_aligned.argtypes = [ctypes.c_longlong] * 7 + [ctypes.c_void_p]
     return lib
@@ -241,6 +245,40 @@ def launch_check_clamp(idx, clamped, n_rows, *, grid=1, block=BLOCK, err=None, s
                                           idx.shape[0], n_rows, _pointer(err), stamp)
     if rc != 0:
         raise EmulationError(f"dl_emu_check_clamp returned {rc} (index {idx.itemsize} B)")
+
+
+def launch_decode(codes, idx, out, *, codec, grid, block=BLOCK, n_rows=None, err=None, stamp=0):
+    """Run ``gather_decode<codec, out, I>`` from gather.cu on the CPU: ``out[i] = decode(codes[idx[i]])``.
+
+    ``codes`` is a C-contiguous 2-D array of ``codec``'s code rows (uint8 rows for ``"int8"``, 16-bit rows for
+    the half codecs), ``idx`` 1-D int32/int64, ``out`` ``[len(idx), dim]``: float32, or the 16-bit bits of
+    float16 or bfloat16 output, which ``codec`` then names after an arrow (``"int8->bfloat16"``; NumPy has no
+    bfloat16).  ``n_rows``, ``err`` and ``stamp`` as in :func:`launch`.
+
+    >>> import numpy as np
+    >>> codes = np.array([[0, 255, 0, 0, 128, 59, 0, 0, 128, 63]], np.uint8)  # scale 1/255, offset 1
+    >>> out = np.empty((1, 2), np.float32)
+    >>> launch_decode(codes, np.array([0]), out, codec="int8", grid=1)
+    >>> out.tolist()
+    [[1.0, 2.0]]
+    """
+    from .decode_cpu import CODEC_IDS, OUT_IDS  # the kernels' numbering
+
+    name, _, out_name = codec.partition("->")
+    out_name = out_name or ("float32" if out.dtype == np.float32 else "float16")
+    _check_contiguous(codes=codes, idx=idx, out=out)
+    if name not in CODEC_IDS or out_name not in OUT_IDS:
+        raise ValueError(f"codec must be one of {sorted(CODEC_IDS)}, optionally '->float16' or '->bfloat16'")
+    dim = codes.shape[1] * codes.itemsize - 8 if name == "int8" else codes.shape[1]
+    if idx.ndim != 1 or out.shape != (idx.shape[0], dim) or out.itemsize != (4 if out_name == "float32" else 2):
+        raise ValueError(f"out must be [{idx.shape[0]}, {dim}] of {out_name}, got {out.dtype} of shape {out.shape}")
+    with LOCK:
+        rc = library().dl_emu_decode(CODEC_IDS[name], OUT_IDS[out_name], idx.itemsize, grid, block, codes.ctypes.data,
+                                     codes.nbytes, idx.ctypes.data, out.ctypes.data, out.nbytes, idx.shape[0],
+                                     codes.shape[1] * codes.itemsize, dim,
+                                     codes.shape[0] if n_rows is None else n_rows, _pointer(err), stamp)
+    if rc != 0:
+        raise EmulationError(f"dl_emu_decode returned {rc} (codec {codec}, index {idx.itemsize} B)")
 
 
 @dataclass(frozen=True)

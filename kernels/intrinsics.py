@@ -1,4 +1,5 @@
-"""LLVM intrinsics for the CPU kernels: a cache-line prefetch, libc's memcpy of a row, and calls into C by address.
+"""LLVM intrinsics for the CPU kernels: a cache-line prefetch, libc's memcpy of a row, calls into C by address, and
+float32 bit casts.
 
 Numba exposes none of these, so each is written here once, as LLVM IR, for the row gathers
 (:mod:`directload.kernels.cpu_kernels`) and the sampler (:mod:`directload.kernels.sampling`).
@@ -17,7 +18,7 @@ from numba.extending import intrinsic
 if TYPE_CHECKING:
     from numba.core.typing.templates import Signature
 
-__all__ = ["prefetch", "copy_row", "pointer", "call_int", "call_void"]
+__all__ = ["prefetch", "copy_row", "pointer", "call_int", "call_void", "float_from_bits", "bits_of_float"]
 
 
 @intrinsic
@@ -89,3 +90,23 @@ def call_void(typingctx: object, address: types.Integer) -> tuple[Signature, Cal
         return context.get_dummy_value()
 
     return types.void(address), codegen
+
+
+@intrinsic
+def float_from_bits(typingctx: object, bits: types.Integer) -> tuple[Signature, Callable[..., object]]:
+    """The float32 whose IEEE bits are the low 32 bits of ``bits`` (a bit cast, no conversion)."""
+    def codegen(context, builder, signature, args):
+        low = context.cast(builder, args[0], signature.args[0], types.uint32)
+        return builder.bitcast(low, ir.FloatType())
+
+    return types.float32(bits), codegen
+
+
+@intrinsic
+def bits_of_float(typingctx: object, value: types.Float) -> tuple[Signature, Callable[..., object]]:
+    """The IEEE bits of ``value`` as a float32, as a uint32 (a bit cast after rounding to float32)."""
+    def codegen(context, builder, signature, args):
+        single = context.cast(builder, args[0], signature.args[0], types.float32)
+        return builder.bitcast(single, ir.IntType(32))
+
+    return types.uint32(value), codegen

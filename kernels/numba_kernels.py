@@ -23,9 +23,12 @@ from numba.np.numpy_support import from_dtype
 from .indexing import LINE, WARP, aligned_geometry, aligned_span, naive_element, tier_row
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from numba.cuda.dispatcher import CUDADispatcher
 
-__all__ = ["KINDS", "CARRIER_DTYPES", "INDEX_DTYPES", "dispatcher", "signature", "offline_ptx"]
+__all__ = ["KINDS", "CARRIER_DTYPES", "INDEX_DTYPES", "dispatcher", "signature", "offline_ptx", "compile_offline",
+           "checked_row"]
 
 #: What a specialisation's ``kind`` may be.
 KINDS = ("naive", "aligned", "rowvec", "check_clamp", "tiered_naive", "tiered_aligned")
@@ -67,7 +70,7 @@ _tier_row = register_jitable(tier_row)
 
 
 @register_jitable
-def _checked(row, n_rows, err, stamp):
+def checked_row(row: int, n_rows: int, err: np.ndarray, stamp: int) -> int:
     """``row`` clamped to ``[0, n_rows)``; an id outside it stores ``stamp`` in ``err`` (when given) first.
 
     A plain store (every bad id of a launch stores the same stamp), and the clamp comes before any load: a
@@ -104,7 +107,7 @@ def _row_kernels(carrier, traced):
         step = 0
         while i < total:
             r, c = _naive(i, row_elems)
-            row = _checked(idx[r], n_rows, err, stamp)
+            row = checked_row(idx[r], n_rows, err, stamp)
             o = pos[r] if permuted else r
             out[o, c] = src[row, c]
             if traced:
@@ -122,7 +125,7 @@ def _row_kernels(carrier, traced):
         permuted = pos.shape[0] != 0
         r = cuda.blockIdx.x * warps_per_block + cuda.threadIdx.x // WARP
         while r < idx.shape[0]:
-            row = _checked(idx[r], n_rows, err, stamp)
+            row = checked_row(idx[r], n_rows, err, stamp)
             o = pos[r] if permuted else r
             row_addr = src_mod + row * row_bytes
             base, first, last, steps, wrap = _geometry(row_addr, row_bytes, elem, WARP, LINE)
@@ -192,7 +195,7 @@ def _rowvec_kernel(carrier, lanes):
         permuted = pos.shape[0] != 0
         r = tid // lanes
         while r < idx.shape[0]:
-            row = _checked(idx[r], n_rows, err, stamp)
+            row = checked_row(idx[r], n_rows, err, stamp)
             o = pos[r] if permuted else r
             c = lane
             while c < row_elems:
@@ -209,7 +212,7 @@ def _check_clamp(idx, clamped, n_rows, err, stamp):
     stride = cuda.gridsize(1)
     write = clamped.shape[0] != 0  # an empty ``clamped``: only check (rows of zero bytes)
     while i < idx.shape[0]:
-        row = _checked(idx[i], n_rows, err, stamp)
+        row = checked_row(idx[i], n_rows, err, stamp)
         if write:
             clamped[i] = row
         i += stride
@@ -259,6 +262,11 @@ def signature(spec: Spec) -> tuple[types.Type, ...]:
 
 def offline_ptx(spec: Spec, cc: tuple[int, int] = (9, 0)) -> str:
     """PTX of a specialisation for compute capability ``cc``, compiled with no GPU."""
+    return compile_offline(dispatcher(spec).py_func, signature(spec), cc)
+
+
+def compile_offline(py_func: Callable[..., None], sig: tuple[types.Type, ...], cc: tuple[int, int] = (9, 0)) -> str:
+    """PTX of the kernel ``py_func`` over argument types ``sig`` for compute capability ``cc``, with no GPU."""
     # numba-cuda 0.30 compiles called device functions for the *current* device's
     # compute capability even inside compile_ptx, which needs a driver.  Offline,
     # answer that question with the requested cc instead.
@@ -266,7 +274,7 @@ def offline_ptx(spec: Spec, cc: tuple[int, int] = (9, 0)) -> str:
 
     device = SimpleNamespace(compute_capability=tuple(cc))
     with _swapped(_cuda_dispatcher, "get_current_device", lambda: device):
-        ptx, _ = cuda.compile_ptx(dispatcher(spec).py_func, signature(spec), cc=cc)
+        ptx, _ = cuda.compile_ptx(py_func, sig, cc=cc)
     return ptx
 
 

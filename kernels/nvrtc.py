@@ -14,7 +14,8 @@ from .carriers import CARRIERS
 from .sources import CUDA_DIR
 
 __all__ = ["NvrtcError", "CompileResult", "find_libnvrtc", "kernel_name", "tiered_kernel_name", "rowvec_kernel_name",
-           "check_clamp_kernel_name", "all_kernel_names", "compile_gather", "ELEM_TYPES", "INDEX_TYPES",
+           "check_clamp_kernel_name", "decode_kernel_name", "all_kernel_names", "compile_gather", "ELEM_TYPES",
+           "INDEX_TYPES",
            "ROWVEC_WIDTHS"]
 
 #: C++ bit-carrier type for each element size, and C++ type per index size.
@@ -122,17 +123,29 @@ def check_clamp_kernel_name(index_bytes: int) -> str:
     return f"check_clamp<{INDEX_TYPES[index_bytes]}>"
 
 
+def decode_kernel_name(codec_id: int, out_id: int, index_bytes: int) -> str:
+    """Template name expression of one decoding gather (codec and output numbered as in
+    :mod:`directload.kernels.decode_cpu`), e.g. ``gather_decode<2, 0, long long>``.
+
+    >>> decode_kernel_name(2, 0, 8)
+    'gather_decode<2, 0, long long>'
+    """
+    return f"gather_decode<{int(codec_id)}, {int(out_id)}, {INDEX_TYPES[index_bytes]}>"
+
+
 def all_kernel_names() -> list[str]:
     """Every specialisation gather.cu is compiled for: naive and aligned per element and index size, tiered per
-    element size, rowvec per width and index size, check_clamp per index size.
+    element size, rowvec per width and index size, check_clamp per index size, and the decoding gather per
+    codec, output dtype and index size.
 
     >>> len(all_kernel_names())
-    40
+    58
     """
     names = [kernel_name(a, e, i) for a in (False, True) for e in ELEM_TYPES for i in INDEX_TYPES]
     names += [tiered_kernel_name(a, e) for a in (False, True) for e in ELEM_TYPES if e != 16]
     names += [rowvec_kernel_name(w, i) for w in ROWVEC_WIDTHS for i in INDEX_TYPES]
     names += [check_clamp_kernel_name(i) for i in INDEX_TYPES]
+    names += [decode_kernel_name(c, o, i) for c in range(3) for o in range(3) for i in INDEX_TYPES]
     return names
 
 

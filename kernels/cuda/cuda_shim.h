@@ -75,6 +75,21 @@ inline bool dl_emu_check(const void* p, std::uintptr_t width, std::uintptr_t lo,
     return true;
 }
 
+// Bit casts and singly rounded float32 arithmetic (CUDA's __uint_as_float, __float_as_uint, __fmul_rn and
+// __fadd_rn; -std=c++17 builds without contracting a * b + c).
+inline float dl_as_float(unsigned int b) {
+    float f;
+    std::memcpy(&f, &b, 4);
+    return f;
+}
+inline unsigned int dl_float_bits(float f) {
+    unsigned int b;
+    std::memcpy(&b, &f, 4);
+    return b;
+}
+inline float dl_mul_rn(float a, float b) { return a * b; }
+inline float dl_add_rn(float a, float b) { return a + b; }
+
 template <typename T>
 inline T dl_load(const void* p) {
     T v{};

@@ -206,3 +206,53 @@ extern "C" void dl_emu_aligned(long long lane, long long step, long long row_add
     result[5] = lo;
     result[6] = hi;
 }
+
+template <int CODEC, int OUT, typename I>
+static void launch_decode(unsigned grid, unsigned block, const void* codes, const void* idx, void* out, long long n,
+                          long long code_row_bytes, long long dim, long long n_rows, unsigned long long* err,
+                          unsigned long long stamp) {
+    each_thread(grid, block, [&] {
+        gather_decode<CODEC, OUT, I>((const unsigned char*)codes, (const I*)idx, (unsigned char*)out, n,
+                                     code_row_bytes, dim, n_rows, err, stamp);
+    });
+}
+
+template <int CODEC, int OUT>
+static int decode_idx(int idx_bytes, unsigned grid, unsigned block, const void* codes, const void* idx, void* out,
+                      long long n, long long code_row_bytes, long long dim, long long n_rows, unsigned long long* err,
+                      unsigned long long stamp) {
+    if (idx_bytes == 4) {
+        launch_decode<CODEC, OUT, int>(grid, block, codes, idx, out, n, code_row_bytes, dim, n_rows, err, stamp);
+    } else if (idx_bytes == 8) {
+        launch_decode<CODEC, OUT, long long>(grid, block, codes, idx, out, n, code_row_bytes, dim, n_rows, err, stamp);
+    } else {
+        return -2;
+    }
+    return 0;
+}
+
+template <int CODEC>
+static int decode_out(int out_kind, int idx_bytes, unsigned grid, unsigned block, const void* codes, const void* idx,
+                      void* out, long long n, long long code_row_bytes, long long dim, long long n_rows,
+                      unsigned long long* err, unsigned long long stamp) {
+    switch (out_kind) {
+        case 0: return decode_idx<CODEC, 0>(idx_bytes, grid, block, codes, idx, out, n, code_row_bytes, dim, n_rows, err, stamp);
+        case 1: return decode_idx<CODEC, 1>(idx_bytes, grid, block, codes, idx, out, n, code_row_bytes, dim, n_rows, err, stamp);
+        case 2: return decode_idx<CODEC, 2>(idx_bytes, grid, block, codes, idx, out, n, code_row_bytes, dim, n_rows, err, stamp);
+    }
+    return -3;
+}
+
+// gather_decode<codec, out_kind, I>.  Returns -1 (codec), -2 (index size) or -3 (output kind).
+extern "C" int dl_emu_decode(int codec, int out_kind, int idx_bytes, unsigned grid, unsigned block, const void* codes,
+                             long long codes_bytes, const void* idx, void* out, long long out_bytes, long long n,
+                             long long code_row_bytes, long long dim, long long n_rows, unsigned long long* err,
+                             unsigned long long stamp) {
+    fence(codes, codes_bytes, out, out_bytes);
+    switch (codec) {
+        case 0: return decode_out<0>(out_kind, idx_bytes, grid, block, codes, idx, out, n, code_row_bytes, dim, n_rows, err, stamp);
+        case 1: return decode_out<1>(out_kind, idx_bytes, grid, block, codes, idx, out, n, code_row_bytes, dim, n_rows, err, stamp);
+        case 2: return decode_out<2>(out_kind, idx_bytes, grid, block, codes, idx, out, n, code_row_bytes, dim, n_rows, err, stamp);
+    }
+    return -1;
+}

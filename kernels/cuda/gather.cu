@@ -415,3 +415,142 @@ __global__ void gather_tiered_aligned(const T* __restrict__ cache, const T* __re
         }
     }
 }
+
+// ---- gather_decode: rows decoded inside the gather ---------------------------------------------------
+// Output row i = decode(code row idx[i]).  CODEC 0 float16, 1 bfloat16, 2 int8 rowwise (dim uint8 codes, then
+// the row's float32 scale and offset, little-endian, inside the row); OUT 0 float32, 1 float16, 2 bfloat16.
+// The arithmetic is kernels/half_bits.py's and kernels/decode_cpu.py's, bit for bit: code * scale rounded, then
+// + offset rounded (never a fused multiply-add: __fmul_rn/__fadd_rn); float to half rounded to nearest even.
+// One warp per row, the grid striding over rows; each lane decodes groups of 4 features: one 4-byte (int8) or
+// 8-byte (half) load of the group's codes where the group is aligned for it, and one 16-byte (float32) or
+// 8-byte (half) store where the output is, else element by element.  Bounds as the other gathers.
+
+#ifndef DL_HOST_EMULATION
+__device__ __forceinline__ float dl_as_float(unsigned int b) { return __uint_as_float(b); }
+__device__ __forceinline__ unsigned int dl_float_bits(float f) { return __float_as_uint(f); }
+__device__ __forceinline__ float dl_mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float dl_add_rn(float a, float b) { return __fadd_rn(a, b); }
+#endif
+
+__device__ __forceinline__ float dl_half_to_float(unsigned int h) {
+    const unsigned int sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu;
+    if (exp == 0x1Fu) return dl_as_float(sign | 0x7F800000u | (mant ? 0x00400000u : 0u) | (mant << 13));  // NaN quiet
+    if (exp == 0u) {  // zero or subnormal: mant * 2**-24, exact in float32
+        const float v = dl_mul_rn((float)mant, 5.9604644775390625e-08f);
+        return sign ? -v : v;
+    }
+    return dl_as_float(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+__device__ __forceinline__ unsigned short dl_float_to_half(float value) {
+    const unsigned int f = dl_float_bits(value);
+    const unsigned int sign = (f & 0x80000000u) >> 16, f_exp = f & 0x7F800000u;
+    if (f_exp >= 0x47800000u) {
+        const unsigned int f_sig = f & 0x007FFFFFu;
+        if (f_exp == 0x7F800000u && f_sig != 0u) {
+            const unsigned int nan = 0x7C00u + (f_sig >> 13);
+            return (unsigned short)(sign + (nan == 0x7C00u ? nan + 1u : nan));
+        }
+        return (unsigned short)(sign + 0x7C00u);
+    }
+    if (f_exp <= 0x38000000u) {
+        if (f_exp < 0x33000000u) return (unsigned short)sign;
+        unsigned int f_sig = (0x00800000u + (f & 0x007FFFFFu)) >> (113u - (f_exp >> 23));
+        if ((f_sig & 0x3FFFu) != 0x1000u || (f & 0x7FFu) != 0u) f_sig += 0x1000u;
+        return (unsigned short)(sign + (f_sig >> 13));
+    }
+    const unsigned int h_exp = (f_exp - 0x38000000u) >> 13;
+    unsigned int f_sig = f & 0x007FFFFFu;
+    if ((f_sig & 0x3FFFu) != 0x1000u) f_sig += 0x1000u;
+    return (unsigned short)(sign + (f_sig >> 13) + h_exp);
+}
+
+__device__ __forceinline__ unsigned short dl_float_to_bfloat(float value) {
+    const unsigned int f = dl_float_bits(value);
+    if ((f & 0x7FFFFFFFu) > 0x7F800000u) return (unsigned short)0x7FC0u;
+    return (unsigned short)((f + 0x7FFFu + ((f >> 16) & 1u)) >> 16);
+}
+
+// 4 bytes at p as a little-endian word: one load where p is 4-aligned, else byte by byte.
+__device__ __forceinline__ unsigned int dl_load_word(const unsigned char* p) {
+    if (((unsigned int)(unsigned long long)p & 3u) == 0u) return dl_load<unsigned int>(p);
+    return (unsigned int)dl_load<unsigned char>(p) | ((unsigned int)dl_load<unsigned char>(p + 1) << 8) |
+           ((unsigned int)dl_load<unsigned char>(p + 2) << 16) | ((unsigned int)dl_load<unsigned char>(p + 3) << 24);
+}
+
+// The output bits of one feature of code `code` (an int8 code, or a half's bits).
+template <int CODEC, int OUT>
+__device__ __forceinline__ unsigned int dl_decode_bits(unsigned int code, float scale, float offset) {
+    if ((CODEC == 0 && OUT == 1) || (CODEC == 1 && OUT == 2)) return code;  // the codes are the output's bits
+    float x;
+    if (CODEC == 2) {
+        x = dl_add_rn(dl_mul_rn((float)code, scale), offset);
+    } else if (CODEC == 1) {
+        x = dl_as_float(code << 16);
+    } else {
+        x = dl_half_to_float(code);
+    }
+    if (OUT == 0) return dl_float_bits(x);
+    return OUT == 1 ? dl_float_to_half(x) : dl_float_to_bfloat(x);
+}
+
+template <int CODEC, int OUT, typename I>
+__global__ void gather_decode(const unsigned char* __restrict__ codes, const I* __restrict__ idx,
+                              unsigned char* __restrict__ out, long long n, long long code_row_bytes, long long dim,
+                              long long n_rows, unsigned long long* err, unsigned long long stamp) {
+    constexpr long long CODE = CODEC == 2 ? 1 : 2, OUTB = OUT == 0 ? 4 : 2;
+    const long long lane = threadIdx.x % DL_WARP;
+    const long long warps_per_block = blockDim.x / DL_WARP;
+    const long long total_warps = (long long)gridDim.x * warps_per_block;
+    const long long groups = (dim + 3) >> 2;
+    DL_ROLLED
+    for (long long i = (long long)blockIdx.x * warps_per_block + threadIdx.x / DL_WARP; i < n; i += total_warps) {
+        const long long r = dl_checked_row((long long)idx[i], n_rows, err, stamp);
+        const unsigned char* row = codes + r * code_row_bytes;
+        unsigned char* o = out + i * dim * OUTB;
+        float scale = 0.0f, offset = 0.0f;
+        if (CODEC == 2) {
+            scale = dl_as_float(dl_load_word(row + dim));
+            offset = dl_as_float(dl_load_word(row + dim + 4));
+        }
+        DL_ROLLED
+        for (long long g = lane; g < groups; g += DL_WARP) {
+            const long long c0 = g << 2;
+            const int k = dim - c0 < 4 ? (int)(dim - c0) : 4;
+            const unsigned char* s = row + c0 * CODE;
+            unsigned int code[4] = {0u, 0u, 0u, 0u};
+            if (k == 4 && ((unsigned int)(unsigned long long)s & (unsigned int)(4 * CODE - 1)) == 0u) {
+                const unsigned long long v = CODE == 1 ? (unsigned long long)dl_load<unsigned int>(s)
+                                                       : dl_load<unsigned long long>(s);
+                DL_UNROLL
+                for (int j = 0; j < 4; ++j) code[j] = (unsigned int)(v >> (8 * CODE * j)) & (CODE == 1 ? 0xFFu : 0xFFFFu);
+            } else {
+                for (int j = 0; j < k; ++j) {
+                    code[j] = CODE == 1 ? (unsigned int)dl_load<unsigned char>(s + j)
+                                        : (unsigned int)dl_load<unsigned short>(s + 2 * j);
+                }
+            }
+            unsigned int bits[4];
+            DL_UNROLL
+            for (int j = 0; j < 4; ++j) bits[j] = dl_decode_bits<CODEC, OUT>(code[j], scale, offset);
+            unsigned char* d = o + c0 * OUTB;
+            if (k == 4 && ((unsigned int)(unsigned long long)d & (unsigned int)(4 * OUTB - 1)) == 0u) {
+                if (OUTB == 4) {
+                    dl_store<uint4>(d, uint4{bits[0], bits[1], bits[2], bits[3]});
+                } else {
+                    dl_store<unsigned long long>(d, (unsigned long long)bits[0] | ((unsigned long long)bits[1] << 16) |
+                                                        ((unsigned long long)bits[2] << 32) |
+                                                        ((unsigned long long)bits[3] << 48));
+                }
+            } else {
+                for (int j = 0; j < k; ++j) {
+                    if (OUTB == 4) {
+                        dl_store<unsigned int>(d + 4 * j, bits[j]);
+                    } else {
+                        dl_store<unsigned short>(d + 2 * j, (unsigned short)bits[j]);
+                    }
+                }
+            }
+        }
+    }
+}

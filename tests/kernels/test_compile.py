@@ -13,6 +13,7 @@ ALL_NAMES = [nvrtc.kernel_name(a, e, i) for a in (False, True) for e in nvrtc.EL
 TIERED_NAMES = [nvrtc.tiered_kernel_name(a, e) for a in (False, True) for e in (1, 2, 4, 8)]
 ROWVEC_NAMES = [nvrtc.rowvec_kernel_name(w, i) for w in nvrtc.ROWVEC_WIDTHS for i in nvrtc.INDEX_TYPES]
 CLAMP_NAMES = [nvrtc.check_clamp_kernel_name(i) for i in nvrtc.INDEX_TYPES]
+DECODE_NAMES = [nvrtc.decode_kernel_name(c, o, i) for c in range(3) for o in range(3) for i in nvrtc.INDEX_TYPES]
 NAIVE_NAMES = [nvrtc.kernel_name(False, e, i) for e in nvrtc.ELEM_TYPES for i in nvrtc.INDEX_TYPES]
 #: Any 64-bit integer division or remainder (PTX spells them div/rem.{s,u}64).
 DIV64 = re.compile(r"\b(?:div|rem)\.[su]64\b")
@@ -34,8 +35,8 @@ def test_nvrtc_ptx_has_every_specialisation(arch):
     ptx = res.image.decode()
     assert f".target sm_{arch[-2:]}" in ptx
     entries = set(re.findall(r"\.entry\s+(\w+)", ptx))
-    names = ALL_NAMES + TIERED_NAMES + ROWVEC_NAMES + CLAMP_NAMES
-    assert len(res.lowered) == len(names) == len(set(names)) == 40
+    names = ALL_NAMES + TIERED_NAMES + ROWVEC_NAMES + CLAMP_NAMES + DECODE_NAMES
+    assert len(res.lowered) == len(names) == len(set(names)) == 58
     assert sorted(names) == sorted(nvrtc.all_kernel_names())
     for name in names:
         assert res.lowered[name] in entries, name
@@ -149,3 +150,16 @@ print("ok", np.__version__)
 def test_numba_tiered_kernels_compile_to_sm90_ptx(elem_dtype, aligned):
     ptx = numba_cuda.compile_tiered_ptx(aligned, elem_dtype, cc=(9, 0))
     assert ".target sm_90" in ptx and "_tiered_" in ptx
+
+
+@pytest.mark.parametrize("name", DECODE_NAMES)
+def test_the_decoding_gather_rounds_each_step_and_never_divides_64_bit(ptx90, name):
+    """The int8 decode is code * scale rounded, then + offset rounded (the reference decode's two torch ops): the
+    PTX multiplies and adds with explicit rounding (``mul.rn``/``add.rn``, which ptxas never fuses) and has no
+    fused multiply-add; the grid stride divides no 64-bit integer."""
+    _, bodies = ptx90
+    body = bodies[name]
+    assert not re.search(r"\bfma\.", body), name
+    assert not DIV64.search(body), name
+    if name.startswith("gather_decode<2"):
+        assert re.search(r"mul\.rn\.f32", body) and re.search(r"add\.rn\.f32", body), name

@@ -237,3 +237,18 @@ def test_carrier_choice():
     assert numba_cuda.carrier_for("naive", 0, 400, 2, 0x1000, 0x2000) == 2
     with pytest.raises(ValueError, match="Numba backend launches"):
         numba_cuda.carrier_for("index_select", 0, 400, 4, 0, 0)
+
+
+@pytest.mark.parametrize("index_bytes", [4, 8])
+@pytest.mark.parametrize("out_id", [0, 1, 2])
+@pytest.mark.parametrize("codec_id", [0, 1, 2])
+def test_the_numba_decoding_gather_compiles_without_a_fused_multiply_add(codec_id, out_id, index_bytes):
+    """The Numba CUDA decoding gather compiles offline for sm_90; its int8 decode multiplies and adds with
+    libdevice's singly rounded ops (NVVM would contract a plain ``a * b + c`` into a fused multiply-add, which
+    rounds once, unlike the reference decode)."""
+    from directload.kernels.decode_cuda import decode_ptx
+
+    ptx = decode_ptx(codec_id, out_id, index_bytes)
+    assert ".entry" in ptx and not re.search(r"\bfma\.", ptx)
+    if codec_id == 2:
+        assert re.search(r"mul\.rn\.f32", ptx) and re.search(r"add\.rn\.f32", ptx)
