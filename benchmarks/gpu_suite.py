@@ -15,7 +15,9 @@ machine's setup, and exits):
 5. ``tuner``: the tuner's choice vs an exhaustive sweep (within 5%?);
 6. ``sample``: directload's GPU sampler over a unified graph against PyG's sampler (and DGL's UVA sampler
    where DGL runs), sampling alone (``benchmarks/sample_bench.py --device cuda``);
-7. ``hotpath``: ``pytest tests/gpu tests/kernels tests/unified`` with ``DIRECTLOAD_SYNC_DEBUG=1`` (the
+7. ``codecs``: each codec's decoding gather against float32 rows and against ``index_select`` + decode
+   (``benchmarks/codecs.py --device cuda``);
+8. ``hotpath``: ``pytest tests/gpu tests/kernels tests/unified`` with ``DIRECTLOAD_SYNC_DEBUG=1`` (the
    ``sync_debug`` fixture runs the gathers under ``torch.cuda.set_sync_debug_mode("error")``).
 
 Each section is appended to ``benchmarks/results/gpu_report.md`` when it ends, so a run killed midway
@@ -78,10 +80,10 @@ def _bench(script, *args, share=1.0):
 
 
 SECTIONS = (
-    Section("e2e", "1. The GPU epoch end to end: GraphSAGE with four loaders side by side, stage by stage", 240, 150,
+    Section("e2e", "1. The GPU epoch end to end: GraphSAGE with four loaders side by side, stage by stage", 240, 140,
             (_bench("gpu_epoch.py", "--device", "cuda", "--name", "gpu/epoch_e2e"),),
             (_bench("gpu_epoch.py", "--device", "cuda", "--quick", "--name", "gpu/epoch_e2e"),)),
-    Section("sort", "2. Sorted vs unsorted ids", 100, 35,
+    Section("sort", "2. Sorted vs unsorted ids", 100, 30,
             (_bench("gather_bandwidth.py", "--device", "cuda", "--variants", "index_select", "rowvec", "aligned",
                     "--row-bytes", "256", "1024", "4096", "--counts", "16384", "131072", "--gather-mib",
                     "--no-tuner", "--name", "gpu/sort"),),
@@ -91,7 +93,7 @@ SECTIONS = (
     Section("tablesize", "3. Table-size sweep (256 MiB to 16 GiB)", 150, 50,
             (_bench("table_size_sweep.py", "--name", "gpu/table_size"),),
             (_bench("table_size_sweep.py", "--quick", "--name", "gpu/table_size"),)),
-    Section("kernels", "4. New kernels vs aligned vs index_select", 200, 70,
+    Section("kernels", "4. New kernels vs aligned vs index_select", 170, 60,
             # Caller-sorted ids are section 2's and 3's; here every candidate, +sort variants included.
             (_bench("gather_bandwidth.py", "--device", "cuda", "--id-order", "random", "--name",
                     "gpu/gather_bandwidth", share=0.5),
@@ -103,14 +105,17 @@ SECTIONS = (
                     "--name", "gpu/unified_gather", share=0.3),
              _bench("alignment_sweep.py", "--reps", "5", "--count", "16384", "--name", "gpu/alignment_sweep",
                     share=0.2))),
-    Section("tuner", "5. The tuner vs an exhaustive sweep", 120, 40,
+    Section("tuner", "5. The tuner vs an exhaustive sweep", 120, 35,
             (_bench("tuner_check.py", "--name", "gpu/tuner_check"),),
             (_bench("tuner_check.py", "--quick", "--name", "gpu/tuner_check"),)),
     Section("sample", "6. directload's GPU sampler vs PyG's (and DGL's UVA sampler where DGL runs)", 90, 30,
             (Step(("benchmarks/sample_bench.py", "--device", "cuda", "--rounds", "3"), budgeted=False),),
             (Step(("benchmarks/sample_bench.py", "--device", "cuda", "--quick"), budgeted=False),)),
+    Section("codecs", "7. Compressed rows: each codec's decoding gather vs float32 and vs index_select + decode", 60,
+            30, (Step(("benchmarks/codecs.py", "--device", "cuda", "--no-progress"), budgeted=False),),
+            (Step(("benchmarks/codecs.py", "--device", "cuda", "--quick", "--no-progress"), budgeted=False),)),
     # The GPU tests first: a run stopped at its budget has them.
-    Section("hotpath", "7. Hot-path checks: the GPU, kernel and unified tests under sync debug mode", 180, 90,
+    Section("hotpath", "8. Hot-path checks: the GPU, kernel and unified tests under sync debug mode", 180, 90,
             (Step(("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu", "tests/kernels", "tests/unified"),
                   env={"DIRECTLOAD_SYNC_DEBUG": "1"}, budgeted=False),)),
 )

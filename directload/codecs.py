@@ -167,11 +167,17 @@ class Codec:
         with tqdm(total=rows, desc=f"encoding ({self.name})", unit="row", disable=not progress) as bar:
             for start in range(0, rows, chunk_rows):
                 stop = min(rows, start + chunk_rows)
-                x = _as_float32(table[start:stop])
-                _check_finite(x, start, self.name)
-                out[start:stop] = self._encode_chunk(x, start)
+                out[start:stop] = self.encode_rows(table[start:stop], first_row=start)
                 bar.update(stop - start)
         return out
+
+    def encode_rows(self, rows: torch.Tensor | np.ndarray, *, first_row: int = 0) -> torch.Tensor:
+        """The codes of a 2-D float block of rows, as a new tensor: one step of :meth:`encode`, for writers that
+        stream rows of their own (a disk store).  Errors name a row as ``first_row`` plus its place here."""
+        self._check_table(rows)
+        x = _as_float32(rows)
+        _check_finite(x, first_row, self.name)
+        return self._encode_chunk(x, first_row)
 
     def _check_table(self, table):
         if not isinstance(table, (torch.Tensor, np.ndarray)):
@@ -206,7 +212,10 @@ class Codec:
         if self.name != "int8":
             return codes.to(dtype)
         dim = self.dim_of(codes.shape[1])
-        tail = codes[:, dim:].contiguous().view(torch.float32)  # [rows, 2]: scale, offset
+        # Copied into a fresh [rows, 8] buffer: a one-row slice is contiguous already, at an offset and a stride
+        # float32 may not view.
+        tail = torch.empty((codes.shape[0], INT8_TAIL), dtype=torch.uint8, device=codes.device)
+        tail = tail.copy_(codes[:, dim:]).view(torch.float32)  # [rows, 2]: scale, offset
         rows = codes[:, :dim].to(torch.float32) * tail[:, :1] + tail[:, 1:]
         return rows.to(dtype)
 

@@ -45,8 +45,9 @@ class StoreContract(unittest.TestCase):
     """The contract's tests.  Subclass it and implement :meth:`make`; ``pytest`` and ``unittest`` collect
     the subclasses (the suite itself is skipped).
 
-    Each test has ``self.table`` (``[ROWS, ROW]`` of :attr:`dtype`), ``self.directory`` (a fresh temporary
-    directory, removed after the test) and ``self.store``, made by :meth:`make` and closed after the test.
+    Each test has ``self.table`` (``[ROWS, ROW]`` of :attr:`dtype`), ``self.rows`` (what reads must give back:
+    :meth:`expected` of the table), ``self.directory`` (a fresh temporary directory, removed after the test) and
+    ``self.store``, made by :meth:`make` and closed after the test.
 
     Examples
     --------
@@ -79,6 +80,11 @@ class StoreContract(unittest.TestCase):
         files the store needs."""
         raise NotImplementedError(f"{type(self).__name__} must implement make(table, directory)")
 
+    def expected(self, table: torch.Tensor) -> torch.Tensor:
+        """The rows a store made over ``table`` must read back, exactly: ``table`` itself, unless the store keeps
+        them changed (a lossy codec: ``codec.decode(codec.encode(table))``).  The tests compare with it."""
+        return table
+
     @classmethod
     def setUpClass(cls) -> None:
         if cls is StoreContract:
@@ -88,6 +94,7 @@ class StoreContract(unittest.TestCase):
     def setUp(self) -> None:
         g = torch.Generator().manual_seed(7)
         self.table = (torch.randn(ROWS, ROW, generator=g) * 100).to(self.dtype)
+        self.rows = self.expected(self.table)  # what reads must give back
         where = tempfile.TemporaryDirectory(prefix="directload-contract-")
         self.addCleanup(where.cleanup)
         self.directory = Path(where.name)
@@ -101,7 +108,7 @@ class StoreContract(unittest.TestCase):
 
     def assertRows(self, got: torch.Tensor, ids: object) -> None:  # noqa: N802 - unittest's naming
         """``got`` is the table's rows at ``ids``: the same values, dtype and shape, on the CPU."""
-        want = self.table[torch.as_tensor(np.asarray(ids, dtype=np.int64))]
+        want = self.rows[torch.as_tensor(np.asarray(ids, dtype=np.int64))]
         self.assertEqual((got.device.type, got.dtype, tuple(got.shape)), ("cpu", want.dtype, tuple(want.shape)))
         self.assertTrue(torch.equal(got, want), "the rows read differ from the table's")
 
@@ -283,7 +290,7 @@ class StoreContract(unittest.TestCase):
     def test_close_racing_reads_gives_them_closed_error_or_their_rows(self) -> None:
         for delay in (0.0, 0.005):
             with self.subTest(delay=delay):
-                errors, wrong, hung = race_close(self.open(), self.table, delay)
+                errors, wrong, hung = race_close(self.open(), self.rows, delay)
                 self.assertEqual((errors, wrong, hung), ([], 0, 0), "errors, reads of wrong rows, readers hung")
 
     @unittest.skipUnless(hasattr(os, "fork"), "needs os.fork")
@@ -301,7 +308,7 @@ class StoreContract(unittest.TestCase):
                 if error is not None and isinstance(exc, error):
                     return
                 raise
-            if error is not None or not torch.equal(got, self.table[ids]):
+            if error is not None or not torch.equal(got, self.rows[ids]):
                 raise AssertionError("the child read wrong rows, or read where it should have refused")
 
         gc.collect()  # nothing left for the child to collect (a process group's destructor there would abort)

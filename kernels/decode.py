@@ -39,7 +39,7 @@ from .tune_keys import key_for
 from .tuner import CudaEventTimer, time_candidates, tuning_enabled
 from .variants import Variant
 
-__all__ = ["gather_encoded", "prepare_decode", "decode_ready", "FUSED", "TORCH_PATH"]
+__all__ = ["gather_encoded", "prepare_decode", "decode_ready", "torch_path", "FUSED", "TORCH_PATH"]
 
 #: The tuner's names of the two paths on a GPU: the fused kernel, and torch's index_select then decode.
 FUSED, TORCH_PATH = Variant("rowvec", 16, 32), Variant("index_select")
@@ -47,7 +47,7 @@ FUSED, TORCH_PATH = Variant("rowvec", 16, 32), Variant("index_select")
 
 def gather_encoded(table: EncodedTable, index: torch.Tensor | np.ndarray, *, out: torch.Tensor | None = None,
                    dtype: torch.dtype | None = None, backend: str = "auto", background: bool = False,
-                   strict: bool = False) -> GatherFuture:
+                   strict: bool = False, path: str | None = None) -> GatherFuture:
     """Start ``out[i] = decode(table.codes[index[i]])`` and return its future (what ``gather_async`` does for an
     :class:`~directload.codecs.EncodedTable`; ``gather`` waits for it).
 
@@ -55,9 +55,15 @@ def gather_encoded(table: EncodedTable, index: torch.Tensor | np.ndarray, *, out
     checks, devices and errors are the plain gather's (:func:`directload.kernels.gather`): ``TypeError`` for an
     ``out`` of another dtype (or one that ``dtype`` contradicts), :class:`~directload.codecs.CodecError` for a
     ``dtype`` no decode writes.
+
+    ``path`` forces a GPU gather's path (benchmarks and tests compare them): ``"fused"`` (the fused kernel,
+    through CuPy) or ``"torch"`` (``index_select`` then the decode); None: the faster, as timed.  CPU ids
+    ignore it.
     """
     if not isinstance(table, EncodedTable):
         raise TypeError(f"gather_encoded takes an EncodedTable, got {type(table).__name__}")
+    if path not in (None, "fused", "torch"):
+        raise ValueError(f"path must be None, 'fused' or 'torch', got {path!r}")
     if isinstance(out, torch.Tensor) and out.dtype not in DECODED_DTYPES:
         raise TypeError(f"a decoding gather writes float32, float16 or bfloat16 rows, got out of {out.dtype}")
     if dtype is None:
@@ -82,7 +88,7 @@ def gather_encoded(table: EncodedTable, index: torch.Tensor | np.ndarray, *, out
         check_out(out, (index.shape[0], dim), dtype, device)
         check_no_overlap(out, codes, index)
     if index.is_cuda:
-        return _start_gpu(table, index, out, name)
+        return _start_gpu(table, index, out, name, path)
     if background:
         return futures.submit(lambda: _run_cpu(table, index, out), out)
     return GatherFuture(None, _run_cpu(table, index, out))
@@ -147,7 +153,7 @@ def _run_cpu(table, index, out):
         bad = launch_decode(table.codes, index, out, table.codec.name)
     else:
         t0 = time.perf_counter()
-        bad = _torch_path_cpu(table, index, out)
+        bad = torch_path(table, index, out)
         _fallback_s += time.perf_counter() - t0
         if _fallback_s >= cpu_path.LOAD_AFTER_S:
             prepare_decode((key[0],), (out.dtype,), (key[2],))
@@ -156,9 +162,11 @@ def _run_cpu(table, index, out):
     return out
 
 
-def _torch_path_cpu(table, index, out):
-    """torch's ``index_select`` of the code rows, then the reference decode into ``out``: -1, or the position of
-    the first id out of range (nothing written)."""
+def torch_path(table: EncodedTable, index: torch.Tensor, out: torch.Tensor) -> int:
+    """Torch's own path on the CPU: ``index_select`` of the code rows, then the reference decode into ``out``
+    (what runs until the kernel is loaded; benchmarks time it beside the kernel).  ``index`` a contiguous CPU
+    int32/int64 tensor, ``out`` ``[len(index), dim]`` of a decoded dtype.  Returns -1, or the position of the
+    first id out of range (then nothing was written)."""
     rows = table.codes.shape[0]
     if index.numel():
         ids = index.numpy()
@@ -173,7 +181,7 @@ def _torch_path_cpu(table, index, out):
 _choices: dict[tuple, Variant] = {}
 
 
-def _start_gpu(table, index, out, backend):
+def _start_gpu(table, index, out, backend, path=None):
     """Start the decoding gather of CUDA ids on the caller's current stream: no host sync; ids checked by the
     kernels (``kernels.bounds``), as a plain GPU gather's."""
     codes = table.codes
@@ -187,7 +195,8 @@ def _start_gpu(table, index, out, backend):
         return GatherFuture(None, out)
     stream = torch.cuda.current_stream(index.device)
     with torch.cuda.device(index.device):
-        variant = _choice(table, entry, index, out, backend)
+        forced = {"fused": FUSED, "torch": TORCH_PATH}.get(path) if backend == "cupy" else TORCH_PATH
+        variant = forced if path is not None else _choice(table, entry, index, out, backend)
         stamp = _launch(table, entry, index, out, variant, backend, stream)
     return GatherFuture(None, out, stream, entry.bounds, stamp)
 

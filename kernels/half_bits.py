@@ -29,18 +29,26 @@ def float_bits(value: Any) -> np.uint32:
 
 
 def half_to_float(h: Any) -> np.float32:
-    """The float32 a float16 of bits ``h`` (0 to 65535) holds, exactly (infinities and NaN included)."""
-    h = np.uint32(h)
-    sign = (h & np.uint32(0x8000)) << np.uint32(16)
-    exp = (h >> np.uint32(10)) & np.uint32(0x1F)
-    mant = h & np.uint32(0x3FF)
-    if exp == 0x1F:  # an infinity, or a NaN made quiet (as x86's conversion and torch on the CPU make it)
-        quiet = np.uint32(0x00400000) if mant != 0 else np.uint32(0)
-        return as_float(sign | np.uint32(0x7F800000) | quiet | (mant << np.uint32(13)))
-    if exp == 0:  # zero or subnormal: mant * 2**-24, exact in float32
-        value = np.float32(mant) * np.float32(5.9604644775390625e-08)
-        return -value if sign else value
-    return as_float(sign | ((exp + np.uint32(112)) << np.uint32(23)) | (mant << np.uint32(13)))
+    """The float32 a float16 of bits ``h`` (0 to 65535) holds, exactly (infinities and NaN included; a NaN made
+    quiet, as x86's conversion and torch on the CPU make it).
+
+    Branch-free (Fabian Giesen's ``half_to_float``, every case computed and one kept by masks), so the CPU
+    compiler vectorises the decode of a row: with branches, float16 rows decoded at 0.5-0.8x the float32
+    gather's rows/s (measured).  No operand is ever a float32 subnormal, so a flush-to-zero mode changes
+    nothing."""
+    u = np.uint32(h)
+    o = (u & np.uint32(0x7FFF)) << np.uint32(13)  # exponent and mantissa, in float32's places
+    exp = o & np.uint32(0x0F800000)
+    o = o + np.uint32(112 << 23)  # rebias the exponent
+    ones = np.uint32(0xFFFFFFFF)
+    top = ones * np.uint32(exp == np.uint32(0x0F800000))  # all ones for an infinity or a NaN
+    low = ones * np.uint32(exp == np.uint32(0))  # all ones for a zero or a subnormal
+    nan = ones * np.uint32((o & np.uint32(0x007FFFFF)) != np.uint32(0))
+    o = (o + (top & np.uint32(112 << 23))) | (top & nan & np.uint32(0x00400000))  # the quiet bit: or, never add
+    # a zero or subnormal: its bits as a normal float32 2**-14 too high in value, less 2**-14 (exact)
+    renormal = float_bits(as_float(o + np.uint32(1 << 23)) - np.float32(6.103515625e-05))
+    o = (renormal & low) | (o & ~low)
+    return as_float(o | ((u & np.uint32(0x8000)) << np.uint32(16)))
 
 
 def bfloat_to_float(b: Any) -> np.float32:

@@ -1,5 +1,5 @@
-"""LLVM intrinsics for the CPU kernels: a cache-line prefetch, libc's memcpy of a row, calls into C by address, and
-float32 bit casts.
+"""LLVM intrinsics for the CPU kernels: a cache-line prefetch, libc's memcpy of a row, calls into C by address,
+float32 bit casts and float16 conversions.
 
 Numba exposes none of these, so each is written here once, as LLVM IR, for the row gathers
 (:mod:`directload.kernels.cpu_kernels`) and the sampler (:mod:`directload.kernels.sampling`).
@@ -18,7 +18,8 @@ from numba.extending import intrinsic
 if TYPE_CHECKING:
     from numba.core.typing.templates import Signature
 
-__all__ = ["prefetch", "copy_row", "pointer", "call_int", "call_void", "float_from_bits", "bits_of_float"]
+__all__ = ["prefetch", "copy_row", "pointer", "call_int", "call_void", "float_from_bits", "bits_of_float",
+           "float_from_half_bits", "half_bits_of_float"]
 
 
 @intrinsic
@@ -110,3 +111,25 @@ def bits_of_float(typingctx: object, value: types.Float) -> tuple[Signature, Cal
         return builder.bitcast(single, ir.IntType(32))
 
     return types.uint32(value), codegen
+
+
+@intrinsic
+def float_from_half_bits(typingctx: object, bits: types.Integer) -> tuple[Signature, Callable[..., object]]:
+    """The float32 the float16 of bits ``bits`` (the low 16) holds: LLVM's ``fpext half to float``, exact, which x86
+    with F16C runs as ``vcvtph2ps`` and vectorises (a NaN made quiet, as torch's CPU conversion makes it)."""
+    def codegen(context, builder, signature, args):
+        low = context.cast(builder, args[0], signature.args[0], types.uint16)
+        return builder.fpext(builder.bitcast(low, ir.HalfType()), ir.FloatType())
+
+    return types.float32(bits), codegen
+
+
+@intrinsic
+def half_bits_of_float(typingctx: object, value: types.Float) -> tuple[Signature, Callable[..., object]]:
+    """The bits of the float16 nearest ``value`` (a float32), as a uint16: LLVM's ``fptrunc float to half`` (round to
+    nearest, ties to even; ``vcvtps2ph`` with F16C)."""
+    def codegen(context, builder, signature, args):
+        single = context.cast(builder, args[0], signature.args[0], types.float32)
+        return builder.bitcast(builder.fptrunc(single, ir.HalfType()), ir.IntType(16))
+
+    return types.uint16(value), codegen

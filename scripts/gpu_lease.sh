@@ -4,11 +4,11 @@
 #   scripts/gpu_lease.sh [--quick] [--sections KEY,KEY...] [--keep-report] [--skip-suite]
 #
 # Sections, most decisive first (benchmarks/gpu_suite.py --plan prints their budgets and the total): e2e, sort,
-# tablesize, kernels, tuner, sample, hotpath.  e2e (the GPU epoch end to end) heads the suite; here it runs
+# tablesize, kernels, tuner, sample, codecs, hotpath.  e2e (the GPU epoch end to end) heads the suite; here it runs
 # once PyG's sampler is built, which its PyG configurations need, so the sections that need none go first.
 # --quick: every section's smaller sweep (9 minutes in all, setup included); the full suite takes about 20, so
 # on a call limited to 10 minutes split it: --sections sort,tablesize,kernels,tuner, then
-# --sections e2e,sample,hotpath --keep-report (which adds to the first call's report).
+# --sections codecs,e2e,sample,hotpath --keep-report (which adds to the first call's report).
 # The machine's own python3 (its torch, numpy, Numba and CuPy) runs directload, installed with --no-deps.
 # What the image lacks travels in .whl/ (git-ignored): wheels of crc32c, liburing, ogb, outdated and
 # littleutils, and the sources of torch-scatter and torch-sparse (PyG's sampler), built here, CPU-only,
@@ -18,7 +18,7 @@
 # folder as a tarball, and the built wheels, so the next run can carry them instead of building again.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
-quick="" suite=1 keep="" sections="e2e,sort,tablesize,kernels,tuner,sample,hotpath"
+quick="" suite=1 keep="" sections="e2e,sort,tablesize,kernels,tuner,sample,codecs,hotpath"
 while [ $# -gt 0 ]; do
     case $1 in
         --quick) quick=--quick ;;
@@ -41,7 +41,7 @@ left() { echo $(( ${LEASE_SECONDS:-570} - ($(date +%s) - t0) - 25 )); }  # 25 s 
 
 # The sections in the suite's order: those before the sampler is needed, and those after.
 early="" late=""
-for s in sort tablesize kernels tuner e2e sample hotpath; do
+for s in sort tablesize kernels tuner codecs e2e sample hotpath; do
     case ",$sections," in *",$s,"*)
         case $s in e2e|sample|hotpath) late="$late $s" ;; *) early="$early $s" ;; esac ;;
     esac

@@ -290,3 +290,35 @@ def test_info_shows_the_tuner(tmp_path, monkeypatch, capsys):
     proc = _run("tune", "--help")
     assert proc.returncode == 0 and proc.stdout.startswith("usage: directload tune") and "--clear" in proc.stdout
     assert "DIRECTLOAD_TUNE=0" in proc.stdout and not proc.stderr
+
+
+@pytest.mark.parametrize("framework", frameworks() or [pytest.param("none", marks=pytest.mark.skip("no framework"))])
+def test_train_with_a_codec_reads_code_rows_beside_the_frameworks_loader(tmp_path, framework):
+    """``train --codec int8 --loader both``: directload's loader reads the dataset's int8 store (written on first
+    use, format version 3), the framework's its own table; ``--features memory`` encodes the table in memory.
+    The report records the codec."""
+    from directload.stores import read_layout
+
+    data, res = tmp_path / "data", tmp_path / "res"
+    _cli("dataset", "synth", "--root", str(data), "--name", "synth-tiny", "--nodes", "1500", "--no-progress")
+    common = ("--framework", framework, "--root", str(data), "--dataset", "synth-tiny", "--epochs", "1", "--hidden",
+              "8", "--batch-size", "256", "--fanouts", "4", "4", "--no-progress", "--device", "cpu", "--out", str(res))
+    _cli("train", *common, "--codec", "int8", "--features", "disk")
+    store = data / "synth_tiny" / "disk" / "node-feat.int8.npy"
+    assert read_layout(store).codec == "int8" and not (data / "synth_tiny" / "disk" / "node-feat.npy").exists()
+    report = json.loads((res / f"train_synth-tiny-disk_sage_{framework}-vs-directload.json").read_text())
+    assert {row["loader"] for row in report["summary"]} == {framework, "directload"}
+    assert all(0.0 <= row["test_acc_pct"] <= 100.0 for row in report["summary"])
+    assert report["meta"]["codec"] == "int8"
+    out = _cli("train", *common, "--codec", "float16", "--loader", "directload")
+    assert "directload's loader carries them as float16 codes" in out
+    one = json.loads((res / "train_synth-tiny_sage_directload.json").read_text())
+    assert one["meta"]["codec"] == "float16" and one["summary"][0]["epoch_s"] > 0
+
+
+def test_a_codec_needs_directloads_loader_and_no_packed_store(capsys):
+    own = build_parser().parse_args(["train"]).framework
+    assert main(["train", "--codec", "int8", "--loader", own]) == 1
+    assert "--codec compresses the rows directload's loader reads" in capsys.readouterr().err
+    assert main(["train", "--codec", "int8", "--packed", "--features", "disk"]) == 1
+    assert "not supported yet" in capsys.readouterr().err

@@ -150,7 +150,7 @@ STORE_VALUES = {"--gpu-cache": ("1M", ("gpu_bytes",), M), "--host-cache": ("2M",
                 "--staging": ("0", ("staging_bytes",), 0), "--policy": ("sieve", ("policy",), "sieve"),
                 "--packed": (None, ("packed",), True), "--node-budget": ("4M", ("budget", "host_bytes"), 4 * M),
                 "--node-io-depth": ("8", ("budget", "io_depth"), 8), "--budget-name": ("b", ("budget", "name"), "b"),
-                "--shared-hot": ("1M", ("budget", "shared_hot_bytes"), M),
+                "--shared-hot": ("1M", ("budget", "shared_hot_bytes"), M), "--codec": ("int8", ("codec",), "int8"),
                 "--partition-features": (None, ("partition",), PartitionSpec())}
 
 

@@ -192,7 +192,8 @@ def print_summary(summary: Sequence[Mapping[str, Any]], meta: Mapping[str, Any])
     how = "median over seeds of the median steady epoch (first epoch left out)" if steady else \
         "median over seeds (one epoch per run, so it includes compile and cold-cache time)"
     policy = f", OpenMP wait policy {meta['openmp_wait_policy']}" if "openmp_wait_policy" in meta else ""
-    print(f"\n{meta['dataset']}: {meta['nodes']} nodes, {meta['edges']} edges, {meta['feats']} features; "
+    codes = f" (directload's loader carries them as {meta['codec']} codes)" if meta.get("codec") else ""
+    print(f"\n{meta['dataset']}: {meta['nodes']} nodes, {meta['edges']} edges, {meta['feats']} features{codes}; "
           f"{meta['device']}, {meta['torch_threads']} torch threads{policy}; {how}")
     if meta.get("sampler"):
         # a meta without a framework: .get(None) gives the default (the ignore: mypy wants a str key)

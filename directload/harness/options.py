@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
+from directload.codecs import CODECS
 from directload.stores import PartitionSpec, StoreSpec
 from directload.stores.policies import POLICY_NAMES
 
@@ -66,6 +67,11 @@ STORE_FLAGS: dict[str, Flag] = {
         "--shared-hot", "with --packed and --features tiered: bytes of the packed store's hottest rows kept once per "
                         "node in shared memory for every job of the same --budget-name (taken out of --node-budget "
                         "first); each job's own cache then holds only the rest", type=size_arg),
+    "codec": Flag("--codec", "directload's loader carries the feature rows compressed through every tier and decodes "
+                             "them as it gathers: float16 or bfloat16 (2 bytes a feature) or int8 (a byte a feature "
+                             "and 8 per row: 108 B for 100 features against 400); with --features memory the table is "
+                             "encoded in memory as the run starts, with disk or tiered the run reads the dataset's "
+                             "disk store of codes (written on first use)", choices=tuple(CODECS)),
     "partition": Flag("--partition-features", "with --nproc N (or under torchrun): each rank holds 1/N of the feature "
                                               "rows (in memory, on disk, or tiered) and fetches the others from their "
                                               "owners by all-to-all over torch.distributed, as ranks on different "
@@ -394,6 +400,11 @@ def _check_store(o: RunOptions, loaders: tuple[str, ...], names: Names) -> Store
                          f"needs {eq('loader', 'directload')}")
     if spec.partition is not None and o.nproc < 2:
         raise ValueError(f"{opt('store.partition')} splits the rows among the ranks of a DDP job: give {names.ranks}")
+    if spec.codec is not None and "directload" not in loaders:
+        raise ValueError(f"{opt('store.codec')} compresses the rows directload's loader reads: it needs {names.ours}")
+    if spec.codec is not None and spec.packed:
+        raise ValueError(f"{opt('store.codec')} and {opt('store.packed')} together are not supported yet: the packed "
+                         "store is written uncompressed")
     if spec.packed and (o.features == "memory" or "directload" not in loaders):
         raise ValueError(f"{opt('store.packed')} reads the packed disk store with directload's loader: it needs "
                          f"{eq('features', 'disk', 'tiered')} and {names.ours}")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from directload.codecs import CODECS
+
 from .commands import bench, convert, info, pack, partition, synth, tune, verify
 from .commands import train as train_command
 from .flags import int_at_least, non_negative_int, positive_int
@@ -67,7 +69,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="directory for the JSON and PNG (default: benchmarks/results in a source checkout, "
                         "else directload-results)")
     for path in ("features", "store.gpu_bytes", "store.host_bytes", "store.staging_bytes", "sampler", "lookahead",
-                 "store.policy", "store.packed", "eval_batch_size", "eval_nodes", "nproc"):
+                 "store.policy", "store.packed", "store.codec", "eval_batch_size", "eval_nodes", "nproc"):
         _option(p, path)
     p.add_argument("--memory-limit", type=_memory_limit, default=None,
                    help="cap the training's host memory (its pages and the page cache it fills) with a memory "
@@ -144,6 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="with --to disk: where to write the store (default: see --to; for --input, "
                                  "FILE.disk.npy next to it)")
     p.add_argument("--overwrite", action="store_true", help="replace a disk store directload wrote before")
+    p.add_argument("--codec", choices=list(CODECS), default=None,
+                   help="with --to disk: store the rows compressed as this codec's code rows (float16, bfloat16, or "
+                        "int8 with a per-row scale and offset), in <dataset>/disk/node-feat.<codec>.npy (for --input, "
+                        "FILE.<codec>.disk.npy); train --codec reads it")
     _no_progress(p)
     p.set_defaults(func=convert.run)
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from directload.stores import StoreSpec
+from directload.stores import StoreSpec, TieredStats
 
 from . import ddp
 from .options import DEFAULT_FANOUTS, FEATURE_MODES, SAMPLERS, RunOptions, check_options, resolve_depth
@@ -343,6 +343,7 @@ def _epochs(dataset, cfg, fw, model, opt, loader, store, result, progress, evalu
             stats.lookahead = it.stats.get("lookahead")  # the L this epoch ran with (lookahead="auto" picks it)
         if store is not None and cfg.features == "disk" and not cfg.store.partitioned:
             io = store.stats()
+            io = io["disk"] if isinstance(io, TieredStats) else io  # a store of codes: the disk under its decode
             stats.io = {key: io[key] for key in _IO_KEYS}
         elif store is not None:
             stats.tiers = _tier_stats(store)

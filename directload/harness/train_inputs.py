@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 #: command line's options over its defaults: :class:`~directload.harness.options.RunOptions` either way.
 RunConfig: TypeAlias = RunOptions
 
-__all__ = ["TimedTable", "DISK_FILE", "PACKED_FILE", "FEATURE_MODES", "stage_devices", "feature_store", "run_store",
+__all__ = ["TimedTable", "DISK_FILE", "PACKED_FILE", "disk_file",
+           "FEATURE_MODES", "stage_devices", "feature_store", "run_store",
            "store_spec", "feature_file", "disk_store", "memmap_features", "TableShape", "table_shape", "batch_rows",
            "run_memory",
            "check_memory_limit", "GRAPH_EDGE_BYTES", "GRAPH_NODE_BYTES", "LOADER_BATCHES", "RunConfig"]
@@ -89,7 +90,9 @@ def run_store(dataset: Dataset, cfg: RunConfig) -> StoreHandle | None:
     :class:`~directload.stores.StoreHandle`: it owns the stack and its share of a node budget), once per run:
     kept in ``dataset.stores["run"]`` until it closes (the run closes it when it ends).  None where
     directload's loader reads the table in memory, or does not run."""
-    if not cfg.store.partitioned and (cfg.features == "memory" or cfg.loader != "directload"):
+    if cfg.loader != "directload" and not cfg.store.partitioned:
+        return None
+    if cfg.features == "memory" and not (cfg.store.partitioned or cfg.store.codec):
         return None
     handle = dataset.stores.get("run")
     if handle is None or handle.closed or handle.store.closed:
@@ -105,8 +108,9 @@ def store_spec(dataset: Dataset, cfg: RunConfig) -> StoreSpec:
     partitioned run with ``features="memory"``), tiered with ``features="tiered"``, its GPU tier on the run's
     device; the shared hot rows named by the budget and the dataset.  A rank of a partitioned table holds its
     own rows in host tiers only.  Opens nothing."""
-    return _over(cfg, dataset.feat if cfg.store.partitioned and cfg.features == "memory" else
-                 feature_file(dataset, packed=cfg.store.packed), torch.device(cfg.device), dataset.name)
+    in_memory = cfg.features == "memory"
+    source = dataset.feat if in_memory else feature_file(dataset, packed=cfg.store.packed, codec=cfg.store.codec)
+    return _over(cfg, source, torch.device(cfg.device), dataset.name)
 
 
 def _over(cfg: RunConfig, source: Any, device: torch.device, name: str) -> StoreSpec:
@@ -120,13 +124,24 @@ def _over(cfg: RunConfig, source: Any, device: torch.device, name: str) -> Store
     return replace(spec, gpu_bytes=0) if spec.partitioned else spec  # a rank's own rows: host tiers only
 
 
-def feature_file(dataset: Dataset, packed: bool = False) -> Path:
-    """The dataset's disk store file (``<dataset>/disk/node-feat.npy``, or with ``packed`` its copy renumbered
-    by hotness), or a ``FileNotFoundError`` saying which command writes it: ``directload dataset convert
-    --to disk`` the first, ``directload dataset pack`` the second."""
-    path = dataset.path / (PACKED_FILE if packed else DISK_FILE)
+def disk_file(codec: str | None = None) -> str:
+    """The path, under a dataset's directory, of its disk store: :data:`DISK_FILE`, or with ``codec`` its store
+    of that codec's code rows (``disk/node-feat.int8.npy``).
+
+    >>> disk_file(), disk_file("int8")
+    ('disk/node-feat.npy', 'disk/node-feat.int8.npy')
+    """
+    return DISK_FILE if codec is None else DISK_FILE.replace(".npy", f".{codec}.npy")
+
+
+def feature_file(dataset: Dataset, packed: bool = False, codec: str | None = None) -> Path:
+    """The dataset's disk store file (``<dataset>/disk/node-feat.npy``; with ``packed`` its copy renumbered
+    by hotness; with ``codec`` its store of codes, :func:`disk_file`), or a ``FileNotFoundError`` saying which
+    command writes it: ``directload dataset convert --to disk`` (with ``--codec``), or ``directload dataset
+    pack``."""
+    path = dataset.path / (PACKED_FILE if packed else disk_file(codec))
     if not path.exists():
-        how = "dataset pack" if packed else "dataset convert --to disk"
+        how = "dataset pack" if packed else "dataset convert --to disk" + (f" --codec {codec}" if codec else "")
         raise FileNotFoundError(f"{path} does not exist: write it with `directload {how} --name {dataset.name}`")
     return path
 

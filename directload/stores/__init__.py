@@ -5,6 +5,8 @@
 * :class:`HostCache`, :class:`DeviceCache`: caches in front of a slower store, with read-ahead
   (:class:`CachedStore` over a :class:`~directload.stores.slotcache.SlotCache`).
 * :class:`WrapperStore`: the base of every store in front of others; :func:`walk` visits a stack.
+* :class:`DecodingStore`: decoded rows over a stack that carries codes (:mod:`directload.codecs`): every tier
+  under it moves and holds the compressed rows, and only the last hop decodes.
 * :class:`StoreSpec`: a stack described as data, checked once (its parts: :class:`DiskOptions`,
   :class:`BudgetSpec`, :class:`PartitionSpec`); :func:`open_store` opens it as a :class:`StoreHandle`, which owns
   the stack and its share of a node budget.
@@ -27,6 +29,7 @@ dataset) as a disk store with checksums, and :func:`verify` checks them.
 from .base import CAPABILITIES, ClosedError, FeatureStore, check_table, read_devices
 from .budgeted import join_budget
 from .cache import Cache, CachedStore, DeviceCache, HostCache, WarmingBusyError
+from .decoding import DecodingStore
 from .disk import DiskStore
 from .disk_format import read_layout, verify
 from .disk_open import DirectIOWarning, io_path
@@ -51,4 +54,4 @@ __all__ = ["FeatureStore", "CAPABILITIES", "ReadFuture", "TensorStore", "DiskSto
            "Staged", "Stats", "CacheStats", "TieredStats",
            "access_counts", "hot_order", "renumber", "join_budget", "HotRowsStore", "PartitionedStore",
            "RowExchange", "ExchangeError", "partition_bounds", "StoreSpec", "BudgetSpec", "PartitionSpec",
-           "DiskOptions", "open_store", "StoreHandle", "ForkedReadError", "WarmingBusyError"]
+           "DiskOptions", "open_store", "StoreHandle", "ForkedReadError", "WarmingBusyError", "DecodingStore"]

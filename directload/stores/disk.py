@@ -177,6 +177,12 @@ class DiskStore(FeatureStore):
     def dtype(self) -> torch.dtype:
         return self._layout.dtype
 
+    @property
+    def codec(self) -> str | None:
+        """The codec whose code rows this store holds (one written with ``write_disk_store(codec=...)``): its
+        reads return code rows, which a :class:`~directload.stores.DecodingStore` decodes.  None: plain rows."""
+        return self._layout.codec
+
     # ---------------------------------------------------------- per process
     def _start(self):
         """The engine and the read thread of this process (the file stays open across fork)."""

@@ -8,9 +8,12 @@ header.  Beside it, the sidecar records the layout (dtype, shape, data offset, f
 per 4 MiB chunk of the data, which :func:`verify` checks.  bfloat16, which numpy lacks, is stored as
 ``<u2`` bits and named ``bfloat16`` in the sidecar.
 
-Version 2 (every store written now) is crash-consistent: ``feat.npy`` links to its current generation
-(:mod:`directload.stores.generations`), the sidecar checksums itself, and the data, the sidecar and the id
-map share one random token.  Version 1 stores (a plain file beside its sidecar) are still read.
+Version 2 (every store of plain rows written now) is crash-consistent: ``feat.npy`` links to its current
+generation (:mod:`directload.stores.generations`), the sidecar checksums itself, and the data, the sidecar and
+the id map share one random token.  Version 3 is version 2 for a store of compressed rows: its sidecar names
+the codec (:mod:`directload.codecs`) whose code rows the file holds, so a directload that reads only versions 1
+and 2 refuses it rather than take codes for features, and a codec this directload does not know is refused
+(:class:`~directload.codecs.CodecError`).  Version 1 stores (a plain file beside its sidecar) are still read.
 
 Nothing read is trusted (:func:`read_layout`): the files must be regular files, every sidecar field must
 have its type and agree with the file, sizes are computed in exact integers, a file marked as a store's
@@ -34,17 +37,20 @@ import torch
 from tqdm.auto import tqdm
 
 from directload.capabilities import require
+from directload.codecs import CODECS, CodecError
 from directload.npy import CorruptFileError, open_regular, read_header
 
 from .generations import FORMAT, id_map_path, read_sidecar_json, sidecar_path
 
-__all__ = ["DATA_ALIGN", "CHUNK_BYTES", "VERSION", "TORCH_DTYPES", "Layout", "raw_layout", "read_layout", "verify",
-           "sidecar_crc", "same_file"]
+__all__ = ["DATA_ALIGN", "CHUNK_BYTES", "VERSION", "CODEC_VERSION", "TORCH_DTYPES", "Layout", "raw_layout",
+           "read_layout", "verify", "sidecar_crc", "same_file"]
 
 DATA_ALIGN = 4096
 CHUNK_BYTES = 4 << 20
-#: The sidecar version written; 1 and 2 are read.
+#: The sidecar version written for plain rows; 1, 2 and 3 are read.
 VERSION = 2
+#: The sidecar version written for a store of compressed rows (its ``codec`` field).
+CODEC_VERSION = 3
 _MAX_CHUNK_BYTES = 1 << 40
 #: How many times an open is tried when a writer publishes a new generation meanwhile.
 OPEN_ATTEMPTS = 4
@@ -85,6 +91,11 @@ class Layout:
     device: int | None = None
     inode: int | None = None
     id_map: np.ndarray | None = None
+
+    @property
+    def codec(self) -> str | None:
+        """The codec whose code rows the file holds (a version 3 store), else None."""
+        return self.sidecar.get("codec") if self.sidecar else None
 
     @property
     def row_nbytes(self) -> int:
@@ -197,9 +208,9 @@ def _check_sidecar(meta, side, head, target):
     if meta.get("format") != FORMAT:
         raise CorruptFileError(f"{side}: not a directload disk-store sidecar")
     version = meta.get("version")
-    if type(version) is not int or version not in (1, 2):
-        raise CorruptFileError(f"{side}: sidecar version {version!r}; this directload reads versions 1 and 2")
-    if version == 2:
+    if type(version) is not int or version not in (1, 2, CODEC_VERSION):
+        raise CorruptFileError(f"{side}: sidecar version {version!r}; this directload reads versions 1, 2 and 3")
+    if version >= 2:
         if not _is_int(meta.get("sidecar_crc32c"), 0, 2 ** 32 - 1) or meta["sidecar_crc32c"] != sidecar_crc(meta):
             raise CorruptFileError(f"{side}: the sidecar fails its own checksum: it was edited or damaged")
     elif head.mark is not None:
@@ -230,8 +241,9 @@ def _check_sidecar(meta, side, head, target):
         bad("chunks", "is not a list of 32-bit checksums")
     if len(sums) != -(-head.data_bytes // chunk):
         bad("chunks", f"has {len(sums)} checksums for {head.data_bytes} bytes in {chunk}-byte chunks")
+    _check_codec(meta, version, dtype, head, side)
     token = None
-    if version == 2:
+    if version >= 2:
         token = meta.get("token")
         if head.mark is None:
             raise CorruptFileError(f"{target}: its sidecar is of a directload store but the file carries no store "
@@ -259,6 +271,25 @@ def _check_sidecar(meta, side, head, target):
         bad("id_map", f"is missing, but an id map ({id_map_path(target).name}) lies next to the store: a packed "
                       "store whose sidecar lost it; write the store again")
     return dtype, token
+
+
+def _check_codec(meta, version, dtype, head, side):
+    """A version 3 sidecar names a codec this directload knows, whose codes the file's rows are; no other
+    version names one."""
+    if version != CODEC_VERSION:
+        if "codec" in meta:
+            raise CorruptFileError(f"{side}: field 'codec' in a version {version} sidecar (codes are version 3)")
+        return
+    name = meta.get("codec")
+    if not isinstance(name, str):
+        raise CorruptFileError(f"{side}: field 'codec' is {name!r}, not a codec's name")
+    if name not in CODECS:
+        raise CodecError(f"{side}: the store's rows are {name!r} codes, which this directload cannot decode "
+                         f"(it knows {', '.join(CODECS)}): a newer directload wrote it")
+    chosen = CODECS[name]
+    if dtype != chosen.code_dtype or len(head.shape) != 2 or head.shape[1] * head.dtype.itemsize < chosen.tail:
+        raise CorruptFileError(f"{side}: field 'codec' says {name}, whose codes are 2-D rows of {chosen.code_dtype}, "
+                               f"but the file holds {head.dtype} of shape {tuple(head.shape)}")
 
 
 def _read_id_map(meta, target, data_head, token):

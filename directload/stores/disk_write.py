@@ -14,12 +14,16 @@ import torch
 from tqdm.auto import tqdm
 
 from directload.capabilities import require
+from directload.codecs import Codec, CodecError, codec
 from directload.npy import header_bytes, make_mark
 
+from . import disk_format as fmt
 from .disk_format import CHUNK_BYTES, DATA_ALIGN, TORCH_DTYPES, VERSION, read_layout, same_file, sidecar_crc
 from .generations import FORMAT, StoreWrite
 
 __all__ = ["write_disk_store", "check_chunk_bytes"]
+
+_codec = codec  # write_disk_store's parameter of that name shadows it
 
 
 def check_chunk_bytes(value: int) -> int:
@@ -46,13 +50,15 @@ class _Source:
     they read back as, and two ways to read them: ``rows(start, stop)`` in order and ``take(ids)`` by
     sorted ids, each a ``[k, row_elems]`` numpy array."""
 
-    def __init__(self, shape, np_dtype, dtype, what, *, array=None, fetch=None, close=None):
+    def __init__(self, shape, np_dtype, dtype, what, *, array=None, fetch=None, close=None, in_order=None):
         self.shape, self.np_dtype, self.dtype, self.what = tuple(int(s) for s in shape), np.dtype(np_dtype), dtype, what
         self.row_elems = math.prod(self.shape[1:])
         self._flat = None if array is None else array.reshape(self.shape[0], self.row_elems)
-        self._fetch, self._close = fetch, close
+        self._fetch, self._close, self._in_order = fetch, close, in_order
 
     def rows(self, start, stop):
+        if self._in_order is not None:
+            return self._in_order(start, stop)
         return self._flat[start:stop] if self._flat is not None else self.take(np.arange(start, stop))
 
     def take(self, ids):
@@ -63,6 +69,32 @@ class _Source:
     def close(self):
         if self._close is not None:
             self._close()
+
+
+def _encoding(source: _Source, chosen: Codec) -> _Source:
+    """``source``'s rows as ``chosen``'s code rows, encoded as they are read (so never all in memory)."""
+    if len(source.shape) != 2 or not source.dtype.is_floating_point:
+        raise CodecError(f"{chosen.name} encodes a 2-D table of floats, got {source.dtype} of shape {source.shape}")
+    rows, dim = source.shape
+    code_shape = chosen.code_shape(rows, dim)
+    np_codes = {torch.uint8: np.dtype(np.uint8), torch.float16: np.dtype("<f2"), torch.bfloat16: np.dtype("<u2")}
+
+    def floats(part):
+        if source.dtype is torch.bfloat16:  # its <u2 bits
+            return torch.from_numpy(np.ascontiguousarray(part).view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(np.ascontiguousarray(part))
+
+    def codes(part, first_row):
+        t = chosen.encode_rows(floats(part), first_row=first_row)
+        return (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().view(np_codes[chosen.code_dtype])
+
+    def fetch(ids):
+        ids = np.asarray(ids, np.int64)
+        return codes(source.take(ids), 0) if ids.size else np.empty((0, code_shape[1]), np_codes[chosen.code_dtype])
+
+    return _Source(code_shape, np_codes[chosen.code_dtype], chosen.code_dtype, f"{chosen.name} codes of {source.what}",
+                   fetch=fetch, close=source.close,
+                   in_order=lambda start, stop: codes(source.rows(start, stop), start))  # errors name the row
 
 
 def _array_source(array, dtype, what):
@@ -132,7 +164,8 @@ def _inverse_permutation(order, n):
 
 def write_disk_store(src: object, path: os.PathLike[str] | str, *, overwrite: bool = False, progress: bool = True,
                      chunk_bytes: int = CHUNK_BYTES, order: npt.ArrayLike | None = None,
-                     fetch: Callable[[np.ndarray], npt.ArrayLike] | None = None) -> Path:
+                     fetch: Callable[[np.ndarray], npt.ArrayLike] | None = None,
+                     codec: str | Codec | None = None) -> Path:
     """Write a feature table as a disk store (``.npy`` plus sidecar), streaming, with a progress bar.
 
     The write is crash-consistent (:mod:`directload.stores.generations`): the new rows, sidecar and id
@@ -175,6 +208,10 @@ def write_disk_store(src: object, path: os.PathLike[str] | str, *, overwrite: bo
     ValueError
         ``src`` and ``path`` are one file, a bad ``chunk_bytes``, or an ``order`` that is not a
         permutation.
+    directload.codecs.CodecError
+        (A ``ValueError``.)  An unknown codec, a ``src`` that is not a 2-D float table or is encoded already,
+        or a value the codec cannot encode (NaN, an infinity; naming the row).  Nothing of the new store
+        remains.
     TypeError
         Rows a disk store cannot hold (complex, object, big-endian...).
     OSError
@@ -194,8 +231,13 @@ def write_disk_store(src: object, path: os.PathLike[str] | str, *, overwrite: bo
     chunk_bytes = check_chunk_bytes(chunk_bytes)
     if isinstance(src, (str, os.PathLike)) and same_file(src, path):
         raise ValueError(f"{path}: cannot convert a file onto itself; write the store to another path")
+    chosen = None if codec is None else _codec(codec)
     source = _source(src)
     try:
+        if chosen is not None:
+            if isinstance(src, (str, os.PathLike)) and read_layout(src).codec is not None:
+                raise CodecError(f"{src} holds {read_layout(src).codec} codes already: write it without codec=")
+            source = _encoding(source, chosen)
         n = source.shape[0]
         id_map = None if order is None else _inverse_permutation(order, n)
         take = source.take if fetch is None else (
@@ -207,11 +249,14 @@ def write_disk_store(src: object, path: os.PathLike[str] | str, *, overwrite: bo
                 f.write(header)
                 chunks = _write_rows(f, source, order, take, chunk_bytes, crc32c, progress, path.name, w.step)
                 size = f.tell()
-            meta = {"format": FORMAT, "version": VERSION, "generation": w.generation, "token": w.token,
+            meta = {"format": FORMAT, "version": VERSION if chosen is None else fmt.CODEC_VERSION,
+                    "generation": w.generation, "token": w.token,
                     "data": w.data_name, "dtype": str(source.dtype).removeprefix("torch."),
                     "npy_descr": np.lib.format.dtype_to_descr(source.np_dtype), "shape": list(source.shape),
                     "data_offset": len(header), "file_bytes": size, "chunk_bytes": chunk_bytes,
                     "checksum": "crc32c", "chunks": chunks, "source": source.what}
+            if chosen is not None:
+                meta["codec"] = chosen.name
             if id_map is not None:
                 with w.create("map") as f:
                     f.write(header_bytes(np.dtype("<i8"), id_map.shape, mark=make_mark(w.token, False)))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -10,7 +11,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from directload.codecs import CodecError, encode
+
 from .base import FeatureStore
+from .decoding import DecodingStore
 from .wrapper import WrapperStore
 
 if TYPE_CHECKING:
@@ -143,19 +147,55 @@ def _stack(spec: StoreSpec) -> FeatureStore:
 
     if spec.source is None:
         raise ValueError("the spec names no source: give its path, tensor or store (StoreSpec(source=...))")
+    given, codec_name = spec.source, _codec_of(spec)
+    if codec_name is not None and isinstance(given, torch.Tensor):  # encoded as it opens: the tiers carry codes
+        codes = encode(given, codec_name, progress=True)
+        if not spec.tiers and spec.partition is None:
+            return TensorStore(codes)  # decoded inside the gather
+        spec = dataclasses.replace(spec, source=codes.codes)
     if spec.partition is not None:
-        return _partitioned(spec)
-    source = TensorStore(spec.source) if isinstance(spec.source, torch.Tensor) else spec.source
-    if not spec.tiers:
-        return source if isinstance(source, FeatureStore) else DiskStore(source, **spec.disk.kwargs())
-    store = _tiers(spec, source, spec.disk.kwargs())  # it owns the disk store a path opens
-    if spec.budget.shared_hot_bytes:
-        try:
-            store = _hot_rows(spec, store)
-        except BaseException:
+        store = _partitioned(spec)
+    else:
+        source = TensorStore(spec.source) if isinstance(spec.source, torch.Tensor) else spec.source
+        if source is None:  # checked above; the encoded spec keeps it
+            raise ValueError("the spec names no source")
+        if not spec.tiers:
+            store = source if isinstance(source, FeatureStore) else DiskStore(source, **spec.disk.kwargs())
+        else:
+            store = _tiers(spec, source, spec.disk.kwargs())  # it owns the disk store a path opens
+            if spec.budget.shared_hot_bytes:
+                try:
+                    store = _hot_rows(spec, store)
+                except BaseException:
+                    store.close()
+                    raise
+    if codec_name is None:
+        return store
+    try:
+        return DecodingStore(store, codec_name, own=store is not given)
+    except BaseException:
+        if store is not given:
             store.close()
-            raise
-    return store
+        raise
+
+
+def _codec_of(spec: StoreSpec) -> str | None:
+    """The codec of the rows ``spec``'s source holds or is to carry (None: plain rows), after checking that
+    the spec's ``codec`` agrees with the source: a disk store names its own codes' codec."""
+    from .disk_format import read_layout
+
+    source, wanted = spec.source, spec.codec
+    stored = None
+    if isinstance(source, (str, os.PathLike)):
+        stored = read_layout(source).codec
+    elif isinstance(source, FeatureStore) and wanted is None:
+        stored = getattr(source, "codec", None) if not isinstance(source, DecodingStore) else None
+    if stored is not None and wanted is not None and stored != wanted:
+        raise CodecError(f"the source holds {stored} codes, not {wanted}: leave codec= out, or name {stored}")
+    if wanted is not None and stored is None and isinstance(source, (str, os.PathLike)):
+        raise CodecError(f"{os.fspath(source)} holds plain rows: write it as {wanted} codes first "
+                         f"(write_disk_store(..., codec={wanted!r}))")
+    return stored if stored is not None else wanted
 
 
 def _join(spec: StoreSpec, stack: FeatureStore) -> Share:

@@ -22,6 +22,7 @@ from typing import Any, TypeAlias
 
 import torch
 
+from directload.codecs import CODECS, CodecError
 from directload.errors import DirectloadWarning
 from directload.units import check_bytes, check_int
 
@@ -210,6 +211,13 @@ class StoreSpec:
         Split the rows among the ranks of the ``torch.distributed`` job (None: every row here).
     disk : DiskOptions
         Options of the disk store a path opens (``queue_depth``, ``engine``, ...).
+    codec : str, optional
+        Carry the rows compressed through every tier (``"float16"``, ``"bfloat16"``, ``"int8"``; see
+        :mod:`directload.codecs`): a float tensor source is encoded as the stack opens, and the caches, the
+        disk and the exchange move and hold code rows (so their bytes hold more rows); reads return decoded
+        float32 rows (a :class:`~directload.stores.DecodingStore` on top).  A disk store written with a codec
+        (``write_disk_store(codec=...)``) is decoded whether or not this names it; naming another codec is an
+        error.  A source of plain rows on disk is refused: write it again with the codec.
 
     Examples
     --------
@@ -235,6 +243,7 @@ class StoreSpec:
     budget: BudgetSpec = field(default_factory=BudgetSpec)
     partition: PartitionSpec | None = None
     disk: DiskOptions = field(default_factory=DiskOptions)
+    codec: str | None = None
 
     @property
     def partitioned(self) -> bool:
@@ -266,6 +275,8 @@ class StoreSpec:
         if isinstance(self.policy, str) and self.policy not in POLICY_NAMES:
             raise ValueError(f"{names('policy')} must be one of {POLICY_NAMES}, got {self.policy!r}")
         self._check_together(budget, names)
+        if self.codec is not None and self.codec not in CODECS:
+            raise CodecError(f"{names('codec')} must be one of {', '.join(CODECS)}, got {self.codec!r}")
         return dataclasses.replace(self, gpu_bytes=gpu, host_bytes=host, staging_bytes=staging, budget=budget)
 
     def _checked_budget(self, names: Callable[[str], str]) -> BudgetSpec:

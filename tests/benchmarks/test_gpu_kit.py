@@ -66,7 +66,8 @@ def test_the_benchmark_helpers_examples_run(bench, module):
 
 def test_the_sections_run_most_decisive_first_within_twenty_minutes(bench):
     suite = bench("gpu_suite")
-    assert [s.key for s in suite.SECTIONS] == ["e2e", "sort", "tablesize", "kernels", "tuner", "sample", "hotpath"]
+    assert [s.key for s in suite.SECTIONS] == ["e2e", "sort", "tablesize", "kernels", "tuner", "sample", "codecs",
+                                               "hotpath"]
     full = sum(s.budget_s for s in suite.SECTIONS)
     # A script stops starting points GRACE_S before its share ends; a command that takes no budget (the
     # sampler's bench, pytest) is stopped GRACE_S after it: even then the whole suite fits in 20 minutes.
@@ -107,7 +108,7 @@ def test_the_plan_keeps_the_order_skips_what_does_not_fit_and_says_so(bench):
     assert [r["section"] for r in rows] == ["sort", "hotpath"] and skipped == []
     rows, skipped = suite.plan(suite.SECTIONS, total_s=400)
     assert [r["section"] for r in rows] == ["e2e", "sort", "tuner"]  # tuner fits in what the sweeps left
-    assert len(skipped) == 4 and skipped[0].startswith("3. Table-size") and "60 s left" in skipped[0]
+    assert len(skipped) == 5 and skipped[0].startswith("3. Table-size") and "60 s left" in skipped[0]
     rows, _ = suite.plan(suite.SECTIONS, quick=True)
     assert rows[0]["section"] == "e2e" and "gpu_epoch.py" in rows[0]["steps"]
     assert all("--quick" in r["steps"] or r["section"] in ("hotpath", "kernels") for r in rows)

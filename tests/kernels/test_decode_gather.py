@@ -71,7 +71,7 @@ def test_torchs_path_matches_the_kernel(name, dtype, rng):
     table = _table(rng, 60, 37, name)
     ids = torch.from_numpy(rng.integers(0, 60, 90))
     kernel, torch_path = gather(table, ids, out=_poisoned(90, 37, dtype)), _poisoned(90, 37, dtype)
-    assert decode._torch_path_cpu(table, ids, torch_path) == -1
+    assert decode.torch_path(table, ids, torch_path) == -1
     assert torch.equal(_bits(kernel), _bits(torch_path))
 
 
@@ -203,3 +203,38 @@ def test_a_background_gather_decodes_on_the_worker(rng):
     table = _table(rng, 40, 9, "bfloat16")
     ids = torch.from_numpy(rng.integers(0, 40, 30))
     assert torch.equal(gather_async(table, ids, background=True).wait(), _expect(table, ids, torch.float32))
+
+
+@pytest.mark.parametrize("dim", [1, 2, 3, 5])
+def test_one_row_of_an_odd_width_decodes_on_every_path(dim, rng):
+    """A one-row slice of int8 codes is contiguous at an offset float32 cannot view: the reference decode and
+    torch's path used to raise there (a RuntimeError from ``view``)."""
+    table = _table(rng, 4, dim, "int8")
+    ids = torch.tensor([2])
+    want = table.codec.decode(table.codes[2:3])
+    assert torch.equal(want, table.codec.decode(table.codes)[2:3])
+    out = _poisoned(1, dim, torch.float32)
+    assert decode.torch_path(table, ids, out) == -1 and torch.equal(out, want)
+    assert torch.equal(gather(table, ids), want)
+
+
+def test_the_portable_half_conversions_match_torch():
+    """kernels/half_bits.py as the simulator runs it (NumPy's bit casts): every float16 to float32, and float32 to
+    float16 and bfloat16 over random bits and the edges of float16's range, bit for bit with torch (NaN as NaN)."""
+    from directload.kernels import half_bits
+
+    halves = np.arange(65536, dtype=np.uint16)
+    got = np.array([half_bits.half_to_float(h) for h in halves], np.float32)
+    want = torch.from_numpy(halves.view(np.int16)).view(torch.float16).float().numpy()
+    nan = np.isnan(want)
+    assert np.array_equal(got.view(np.uint32)[~nan], want.view(np.uint32)[~nan]) and np.isnan(got[nan]).all()
+    bits = np.random.default_rng(5).integers(0, 2**32, 20_000, dtype=np.uint64).astype(np.uint32)
+    edges = np.array([65504.0, 65519.99, 65520.0, 2.0**-24, 2.0**-25, 2.0**-14, 1 + 2.0**-11, 1 + 3 * 2.0**-11,
+                      1 + 2.0**-8, 1 + 3 * 2.0**-8, 0.0, -0.0, np.inf, -np.inf, 6e-8, 3e-5], np.float32)
+    x = np.concatenate([bits.view(np.float32), edges, -edges])
+    for convert, dtype in ((half_bits.float_to_half, torch.float16), (half_bits.float_to_bfloat, torch.bfloat16)):
+        got = np.array([convert(v) for v in x], np.uint16)
+        want = torch.from_numpy(x).to(dtype)
+        nan = want.isnan().numpy()
+        assert np.array_equal(got[~nan], want.view(torch.int16).numpy().view(np.uint16)[~nan]), dtype
+        assert bool(torch.from_numpy(got[nan].view(np.int16)).view(dtype).isnan().all())

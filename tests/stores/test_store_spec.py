@@ -93,6 +93,7 @@ SPECS = [
               packed=True, budget=BudgetSpec(host_bytes="8G", io_depth=64, name="node", shared_hot_bytes="1G",
                                              hot_key="node-ds", directory="/somewhere")),
     StoreSpec("feat.npy", partition=PartitionSpec(timeout=12.5), staging_bytes=0),
+    StoreSpec("feat.int8.npy", codec="int8", host_bytes="1G"),
 ]
 
 
@@ -103,7 +104,7 @@ def test_a_spec_round_trips_through_json(spec):
     data = json.loads(json.dumps(spec.to_dict()))  # JSON's types only
     assert StoreSpec.from_dict(data) == spec
     assert set(data) == {"source", "tiers", "gpu_bytes", "host_bytes", "staging_bytes", "policy", "device", "packed",
-                         "budget", "partition", "disk"}
+                         "budget", "partition", "disk", "codec"}
 
 
 def test_what_is_not_data_is_refused_when_written_and_unknown_keys_when_read(disk):

@@ -9,7 +9,9 @@ __all__ = ["run"]
 
 
 def run(args: argparse.Namespace) -> int:
-    """Write ``raw/node-feat.npy`` (``--to npy``) or a disk store (``--to disk``)."""
+    """Write ``raw/node-feat.npy`` (``--to npy``) or a disk store (``--to disk``, of code rows with ``--codec``)."""
+    if args.codec is not None and args.to != "disk":
+        raise ValueError("--codec writes a disk store of code rows: give --to disk")
     from directload.datasets import convert
 
     if args.to == "npy" or args.input is None:
@@ -19,13 +21,15 @@ def run(args: argparse.Namespace) -> int:
         if args.to == "npy":
             print(f"wrote {npy}")
             return 0
-        source, out = npy, npy.parent.parent / "disk" / "node-feat.npy"
+        from directload.harness.train_inputs import disk_file
+
+        source, out = npy, npy.parent.parent / disk_file(args.codec)
     else:
         source = Path(args.input)
-        out = source.with_name(source.stem + ".disk.npy")
+        out = source.with_name(source.stem + (f".{args.codec}" if args.codec else "") + ".disk.npy")
     from directload.stores import write_disk_store
 
     out = write_disk_store(source, Path(args.out) if args.out else out, overwrite=args.overwrite,
-                           progress=not args.no_progress)
+                           progress=not args.no_progress, codec=args.codec)
     print(f"wrote the disk store {out} (open it with directload.stores.DiskStore)")
     return 0

@@ -43,12 +43,13 @@ def check_args(args: argparse.Namespace, models: Sequence[str], loaders: Sequenc
 
 
 def feature_files(root: os.PathLike[str] | str, dataset: str, features: str, *, packed: bool = False,
-                  progress: bool = True) -> list[Path]:
+                  codec: str | None = None, progress: bool = True) -> list[Path]:
     """The feature files of ``dataset`` under ``root`` (the .npy, and the disk store with ``features`` disk or
-    tiered, written here on first use, and the packed store with ``packed``), or none when its features live
-    inside OGB's archive."""
+    tiered, of ``codec``'s code rows if given, written here on first use, and the packed store with
+    ``packed``), or none when its features live inside OGB's archive."""
     from directload.datasets import FEATURE_FILE, convert, dataset_dir
-    from directload.harness.train import DISK_FILE, PACKED_FILE
+    from directload.harness.train import PACKED_FILE
+    from directload.harness.train_inputs import disk_file
 
     base = dataset_dir(root, dataset)
     npy = base / "raw" / FEATURE_FILE
@@ -60,11 +61,11 @@ def feature_files(root: os.PathLike[str] | str, dataset: str, features: str, *, 
                                 f"--name {dataset}`")
     if not npy.exists():
         npy = convert(root, dataset)  # features inside OGB's archive: write the .npy first
-    store = base / DISK_FILE
+    store = base / disk_file(codec)
     if not store.exists():
         from directload.stores import write_disk_store
 
-        write_disk_store(npy, store, progress=progress)
+        write_disk_store(npy, store, progress=progress, codec=codec)
     return [npy, store, *packed_file]
 
 

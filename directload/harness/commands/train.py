@@ -74,13 +74,14 @@ def run_training(args: argparse.Namespace, models: Sequence[str], loaders: Seque
         torch.set_num_threads(args.threads)
     _note_busy_machine()
     rank, size = ddp.join_torchrun(device)  # under torchrun: every collective from here has a timeout
-    features, packed = options["features"], options["store"].packed
+    features, packed, codec = options["features"], options["store"].packed, options["store"].codec
     if rank == 0:  # under torchrun one rank writes what is missing, the others wait for it
         if args.dataset in PRESETS and not dataset_exists(args.root, args.dataset):
             synthesize(args.root, args.dataset, progress=not args.no_progress)  # one made with other options is kept
-        feature_files(args.root, args.dataset, features, packed=packed, progress=not args.no_progress)
+        feature_files(args.root, args.dataset, features, packed=packed, codec=codec, progress=not args.no_progress)
     ddp.barrier()
-    files = feature_files(args.root, args.dataset, features, packed=packed, progress=not args.no_progress)
+    files = feature_files(args.root, args.dataset, features, packed=packed, codec=codec,
+                          progress=not args.no_progress)
     if limit is not None and capped is None:  # the guardian: this command again, as a child in the cgroup
         for f in files:
             memcap.drop_page_cache(f)
@@ -106,7 +107,7 @@ def run_training(args: argparse.Namespace, models: Sequence[str], loaders: Seque
     meta = {"dataset": args.dataset, "framework": args.framework, "device": str(device), "nodes": dataset.num_nodes,
             "edges": dataset.num_edges, "feats": int(dataset.feat.shape[1]), "epochs": args.epochs,
             "torch_threads": torch.get_num_threads(), "capabilities": capabilities().as_dict(),
-            "features": features, "memory_limit": limit, "nproc": size,
+            "features": features, "codec": codec, "memory_limit": limit, "nproc": size,
             "sampler": {row["loader"]: row["sampler"] for row in rows},
             "feature_file_bytes": sum(os.path.getsize(f) for f in files), "openmp_wait_policy": cpu_wait_policy(),
             **({"conditions": [c for c, _ in conditions]} if conditions else {})}
