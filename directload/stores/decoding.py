@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from directload.codecs import DECODED_DTYPES, Codec, CodecError, codec
+from directload.codecs import DECODED_DTYPES, Codec, CodecError
+from directload.codecs import codec as find_codec
 
 from .base import FeatureStore
 from .futures import ReadFuture
@@ -57,9 +58,9 @@ class DecodingStore(WrapperStore[FeatureStore]):
 
     tier = "decode"
 
-    def __init__(self, inner: FeatureStore, codec_name: str | Codec, *, dtype: torch.dtype = torch.float32,
+    def __init__(self, inner: FeatureStore, codec: str | Codec, *, dtype: torch.dtype = torch.float32,
                  own: bool = False) -> None:
-        chosen = codec(codec_name)
+        chosen = find_codec(codec)
         super().__init__(inner, own=own)
         if inner.dtype != chosen.code_dtype or len(inner.row_shape) != 1:
             raise CodecError(f"{inner!r} does not hold {chosen.name} codes: they are 1-D rows of "
