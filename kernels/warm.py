@@ -1,7 +1,7 @@
 """Compile directload's CPU kernels ahead of time, into Numba's on-disk cache: ``python -m directload.kernels.warm``.
 
-directload's CPU kernels (the neighbour sampler, the row gathers) are Numba functions compiled at their
-first call and kept in Numba's on-disk cache (``cache=True``): ``__pycache__`` beside their module, or
+directload's CPU kernels (the neighbour sampler, the row gathers, the decoding gathers) are Numba functions
+compiled at their first call and kept in Numba's on-disk cache (``cache=True``): ``__pycache__`` beside their module, or
 ``$NUMBA_CACHE_DIR`` where it is set.  Compiling them takes seconds (tens on 2 cores), which a first run
 would pay inside its first epoch.  :func:`compile_cpu_kernels` compiles them once for the types training
 gives them, so every later process loads them from the cache instead (the cache is kept per source file,
@@ -58,8 +58,17 @@ def _gathers():
         cpu.prepare(aligned=aligned, background=False)
 
 
+def _decodes():
+    """The decoding gathers: every codec, output dtype and index size."""
+    import torch
+
+    from .decode import prepare_decode
+
+    prepare_decode(dtypes=(torch.float32, torch.float16, torch.bfloat16), background=False)
+
+
 #: What :func:`compile_cpu_kernels` compiles, by name, in order.
-PARTS = {"sampler": _sampler, "gathers": _gathers}
+PARTS = {"sampler": _sampler, "gathers": _gathers, "decodes": _decodes}
 
 
 def compile_cpu_kernels(parts: Sequence[str] = tuple(PARTS)) -> dict[str, float]:
@@ -68,7 +77,8 @@ def compile_cpu_kernels(parts: Sequence[str] = tuple(PARTS)) -> dict[str, float]
     Parameters
     ----------
     parts : sequence of str
-        Any of ``"sampler"`` (the neighbour sampler) and ``"gathers"`` (the CPU row gathers).
+        Any of ``"sampler"`` (the neighbour sampler), ``"gathers"`` (the CPU row gathers) and ``"decodes"`` (the
+        decoding gathers of compressed rows).
 
     Returns
     -------

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from conftest import frameworks
 
 from directload.harness.cli import main
@@ -310,10 +311,30 @@ def test_train_with_a_codec_reads_code_rows_beside_the_frameworks_loader(tmp_pat
     assert {row["loader"] for row in report["summary"]} == {framework, "directload"}
     assert all(0.0 <= row["test_acc_pct"] <= 100.0 for row in report["summary"])
     assert report["meta"]["codec"] == "int8"
-    out = _cli("train", *common, "--codec", "float16", "--loader", "directload")
-    assert "directload's loader carries them as float16 codes" in out
-    one = json.loads((res / "train_synth-tiny_sage_directload.json").read_text())
-    assert one["meta"]["codec"] == "float16" and one["summary"][0]["epoch_s"] > 0
+
+
+def test_a_run_with_a_codec_and_features_in_memory_encodes_the_table_as_it_starts(tmp_path):
+    """``--codec float16 --features memory``: the run's store is the table encoded in memory, decoded inside the
+    gather (no file written); without a codec directload's loader reads the table itself."""
+    from directload.codecs import codec
+    from directload.datasets import load, synthesize
+    from directload.harness.options import RunOptions
+    from directload.harness.train_inputs import run_store
+    from directload.stores import StoreSpec, TensorStore
+
+    synthesize(tmp_path, "synth-tiny", progress=False)
+    dataset = load(tmp_path, "synth-tiny")
+    assert run_store(dataset, RunOptions(loader="directload", features="memory")) is None
+    handle = run_store(dataset, RunOptions(loader="directload", features="memory", store=StoreSpec(codec="float16")))
+    try:
+        store = handle.store
+        assert isinstance(store, TensorStore) and store.encoded.codec.name == "float16"
+        assert store.shape == tuple(dataset.feat.shape) and not (tmp_path / "synth_tiny" / "disk").exists()
+        ids = [0, 7, 7]
+        want = codec("float16").decode(codec("float16").encode(torch.as_tensor(dataset.feat[ids])))
+        assert torch.equal(store.read(ids), want)
+    finally:
+        handle.close()
 
 
 def test_a_codec_needs_directloads_loader_and_no_packed_store(capsys):

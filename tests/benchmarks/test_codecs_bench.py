@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "codecs.py"
+pytestmark = pytest.mark.one_lane("pyg")  # a whole-process run of directload's own kernels and stores
 
 
 @pytest.fixture(scope="module")

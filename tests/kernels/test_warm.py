@@ -37,7 +37,8 @@ print(json.dumps(ran))
 
 
 def test_an_unknown_part_is_refused_before_anything_compiles():
-    with pytest.raises(ValueError, match=r"unknown kernel parts \['sampler2'\]: choose from \['sampler', 'gathers'\]"):
+    with pytest.raises(ValueError,
+                       match=r"unknown kernel parts \['sampler2'\]: choose from \['sampler', 'gathers', 'decodes'\]"):
         compile_cpu_kernels(["sampler", "sampler2"])
 
 
