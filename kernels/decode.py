@@ -9,7 +9,7 @@ reference decode (:meth:`directload.codecs.Codec.decode`) of the gathered code r
 * torch's own path: ``index_select`` of the code rows, then the decode in torch.
 
 CPU ids: the fused kernel once it is loaded in this process (loads start as the plain gather's do, once torch's
-path has gathered for :data:`directload.kernels.cpu_path.LOAD_AFTER_S`; :func:`prepare_decode` loads at once);
+path has gathered for :data:`LOAD_AFTER_S`; :func:`prepare_decode` loads at once, as a training run does);
 torch's path before, or where torch has no OpenMP team.  CUDA ids: the faster of the two, timed with CUDA events
 on the first gather of a kind (device, codec, output dtype, row bytes, a power-of-two bucket of the id count) and
 kept for the process; ``DIRECTLOAD_TUNE=0`` takes the fused kernel.  Without CuPy (the Numba backend), torch's
@@ -39,7 +39,7 @@ from .tune_keys import key_for
 from .tuner import CudaEventTimer, time_candidates, tuning_enabled
 from .variants import Variant
 
-__all__ = ["gather_encoded", "prepare_decode", "decode_ready", "torch_path", "FUSED", "TORCH_PATH"]
+__all__ = ["gather_encoded", "prepare_decode", "decode_ready", "torch_path", "FUSED", "TORCH_PATH", "LOAD_AFTER_S"]
 
 #: The tuner's names of the two paths on a GPU: the fused kernel, and torch's index_select then decode.
 FUSED, TORCH_PATH = Variant("rowvec", 16, 32), Variant("index_select")
@@ -96,6 +96,12 @@ def gather_encoded(table: EncodedTable, index: torch.Tensor | np.ndarray, *, out
 
 # ---------------------------------------------------------------- CPU
 
+#: Seconds of gathering on torch's path after which a process loads the decoding kernel (the plain gather waits
+#: :data:`directload.kernels.cpu_path.LOAD_AFTER_S`, 5 s, for a kernel 7-19% faster than torch's path).  Torch's
+#: path decodes at 0.08-0.83x the kernel's rows/s (measured, ``bench codecs``), so the load (about 0.75 s in a
+#: process that has loaded no Numba kernel yet, 0.3 s after) pays after about a second; a 3-epoch run on
+#: synth-small gathered int8 rows 5.6x slower than float32 ones while it waited for the 5 s.
+LOAD_AFTER_S = 1.0
 _loaded: set[tuple[str, str, int]] = set()
 _loading: set[tuple[str, str, int]] = set()
 _lock = threading.Lock()
@@ -155,7 +161,7 @@ def _run_cpu(table, index, out):
         t0 = time.perf_counter()
         bad = torch_path(table, index, out)
         _fallback_s += time.perf_counter() - t0
-        if _fallback_s >= cpu_path.LOAD_AFTER_S:
+        if _fallback_s >= LOAD_AFTER_S:
             prepare_decode((key[0],), (out.dtype,), (key[2],))
     if bad >= 0:
         raise out_of_range(int(index[bad]), table.codes.shape[0], position=bad)

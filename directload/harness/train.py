@@ -244,6 +244,10 @@ def train(dataset: Dataset, cfg: TrainConfig, *, progress: bool = True, evaluate
         from directload.kernels import cpu
 
         cpu.prepare((dataset.feat.element_size(),), (8, 4), background=False)
+        if cfg.store.codec is not None:  # and the kernel that decodes its rows as it gathers them
+            from directload.kernels.decode import prepare_decode
+
+            prepare_decode((cfg.store.codec,), background=False)
     rank, size = ddp.world()
     if cfg.nproc != size:  # a config saying 2 ranks, trained by one process alone, would report wrong numbers
         raise ValueError(f"nproc={cfg.nproc} but this process is one of {size}: start the ranks with torchrun "
