@@ -25,7 +25,8 @@ from .host_pool import default_pool
 from .operands import INDEX_DTYPES, memory_span, out_of_range, overlaps
 from .views import bits
 
-__all__ = ["gather_fast", "run", "new_output", "POOL_BYTES", "prepare", "ready", "note_fallback", "LOAD_AFTER_S"]
+__all__ = ["gather_fast", "run", "new_output", "POOL_BYTES", "prepare", "ready", "note_fallback", "LOAD_AFTER_S",
+           "first_out_of_range"]
 
 #: CPU outputs from this size on come from the recycling host pool (kernels/host_pool.py).
 POOL_BYTES = 1 << 20
@@ -132,19 +133,26 @@ def _kernel(src_hit, index, out, out_hit, aligned):
     return out
 
 
-def _index_select(src, index, out):
-    """torch's ``index_select`` of 2-D ``src`` rows into ``out``, after the kernels' own check: the position of
-    the first id out of range (nothing written), else -1."""
+def first_out_of_range(index: torch.Tensor, rows: int) -> int:
+    """The position of the first of the CPU ids ``index`` outside ``[0, rows)``, else -1: the check torch's path
+    makes before it writes, as the kernels do."""
     if index.numel():
         # numpy's min and max: one serial vectorised pass.  torch.aminmax runs a parallel region here, which
         # waits for a descheduled thread when another process holds a core (0.81-0.87x index_select's time
         # under a one-core hog, measured); index_select itself is then the gather's only parallel region.
         ids = index.numpy()
-        lo, hi = int(ids.min()), int(ids.max())
-        if lo < 0 or hi >= src.shape[0]:
-            return int(((index < 0) | (index >= src.shape[0])).nonzero()[0, 0])
-    torch.index_select(src, 0, index, out=out)
+        if int(ids.min()) < 0 or int(ids.max()) >= rows:
+            return int(((index < 0) | (index >= rows)).nonzero()[0, 0])
     return -1
+
+
+def _index_select(src, index, out):
+    """torch's ``index_select`` of 2-D ``src`` rows into ``out``, after the kernels' own check: the position of
+    the first id out of range (nothing written), else -1."""
+    bad = first_out_of_range(index, src.shape[0])
+    if bad < 0:
+        torch.index_select(src, 0, index, out=out)
+    return bad
 
 
 # ---------------------------------------------------------------- readiness

@@ -173,13 +173,10 @@ def torch_path(table: EncodedTable, index: torch.Tensor, out: torch.Tensor) -> i
     (what runs until the kernel is loaded; benchmarks time it beside the kernel).  ``index`` a contiguous CPU
     int32/int64 tensor, ``out`` ``[len(index), dim]`` of a decoded dtype.  Returns -1, or the position of the
     first id out of range (then nothing was written)."""
-    rows = table.codes.shape[0]
-    if index.numel():
-        ids = index.numpy()
-        if int(ids.min()) < 0 or int(ids.max()) >= rows:
-            return int(((index < 0) | (index >= rows)).nonzero()[0, 0])
-    out.copy_(table.codec.decode(torch.index_select(table.codes, 0, index), out.dtype))
-    return -1
+    bad = cpu_path.first_out_of_range(index, table.codes.shape[0])
+    if bad < 0:
+        out.copy_(table.codec.decode(torch.index_select(table.codes, 0, index), out.dtype))
+    return bad
 
 
 # ---------------------------------------------------------------- GPU
