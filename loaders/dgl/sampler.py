@@ -198,10 +198,12 @@ def _csc(row, col, n_dst, idtype):
     """A hop's edges as the block's CSC: they come grouped by destination, in order (``col`` sorted), so the
     pointer is where each destination's edges start (a search, which waits for nothing on a GPU, where a
     count would read its length back); DGL then neither infers node counts nor converts COO for its in-edge
-    message passing.  Block edge ``i`` is the hop's edge ``i`` (its ``dgl.EID`` set by the caller)."""
+    message passing.  Block edge ``i`` is the hop's edge ``i`` (its ``dgl.EID`` set by the caller), and the
+    CSC says so with its edge ids written out: DGL's CPU kernels through libxsmm (GAT's edge softmax and
+    attention) refuse a CSC whose edge ids are left implicit."""
     device = col.device
     indptr = torch.searchsorted(col, torch.arange(n_dst + 1, dtype=col.dtype, device=device)).to(idtype)
-    return "csc", (indptr, row.to(idtype), torch.empty(0, dtype=idtype, device=device))
+    return "csc", (indptr, row.to(idtype), torch.arange(len(row), dtype=idtype, device=device))
 
 
 def _blocks(g, nodes, hops, num_nodes, device):
