@@ -10,7 +10,8 @@ Two parts, on the CPU:
   its median and quartiles are reported.
 * **tiers**: the same batches read through a disk store and a host cache of equal bytes (a quarter of the float32
   table), for float32 rows and for each codec's code rows (``StoreSpec(codec=...)``): the bytes each tier moved
-  (disk reads, cache fills), the cache's rows and hit rate, and the read time.
+  (disk reads, cache fills), the cache's rows and hit rate, and the read time; and the bytes PCIe would carry for
+  the same batches gathered zero-copy by a GPU (32-byte sectors, by :mod:`directload.kernels.pcie_model`).
 
 ``--device cuda`` (the GPU kit's ``codecs`` section) measures the gather on a GPU instead: CUDA ids over the
 table and its codes in pinned, GPU-mapped host memory (a unified tensor), rows per second by CUDA-event time of
@@ -49,8 +50,12 @@ from directload.codecs import CODECS, EncodedTable, encode  # noqa: E402
 from directload.harness.parser import HelpFormatter  # noqa: E402
 from directload.kernels import gather  # noqa: E402
 from directload.kernels.decode import gather_encoded, prepare_decode, torch_path  # noqa: E402
+from directload.kernels.pcie_model import footprint  # noqa: E402
 from directload.stores import StoreSpec, open_store, write_disk_store  # noqa: E402
 
+#: Rows a GPU gather has in flight at once, for the model of the bytes PCIe carries (a sector two rows in flight
+#: share is read once).
+PCIE_WINDOW = 256
 QUICK = dict(dims=[16, 64], rows=4000, ids=512, rounds=3, tier_rows=4000, batches=6)
 
 
@@ -157,15 +162,20 @@ def tiers_part(args, rng, directory):
             seconds = time.perf_counter() - t0
             stats = store.stats()
             host, disk = stats["host"], stats["disk"]
-            out.append({"rows": name, "row_bytes": _row_bytes(name, dim), "cache_rows": host["capacity_rows"],
+            row_bytes = _row_bytes(name, dim)
+            # the same batches gathered zero-copy from mapped host memory: the 32-byte sectors the link carries,
+            # by the model (kernels.pcie_model), PCIE_WINDOW rows in flight at once
+            pcie = sum(footprint(batch, row_bytes, window=PCIE_WINDOW).sector_bytes for batch in hot)
+            out.append({"rows": name, "row_bytes": row_bytes, "cache_rows": host["capacity_rows"],
                         "hit_rate": host["hit_rate"], "disk_bytes": disk["bytes_read"],
                         "disk_requested_bytes": disk["requested_bytes"], "cache_fill_bytes": host["fallback_bytes"],
-                        "read_s": seconds})
+                        "pcie_bytes": pcie, "read_s": seconds})
     base = out[0]
     for row in out:
         row["disk_bytes_vs_float32"] = base["disk_bytes"] / max(row["disk_bytes"], 1)
         row["requested_vs_float32"] = base["disk_requested_bytes"] / max(row["disk_requested_bytes"], 1)
         row["cache_rows_vs_float32"] = row["cache_rows"] / base["cache_rows"]
+        row["pcie_vs_float32"] = base["pcie_bytes"] / max(row["pcie_bytes"], 1)
     return out, {"dim": dim, "rows": args.tier_rows, "cache_bytes": cache_bytes, "batches": args.batches,
                  "batch_rows": args.batch_rows, "skew": args.skew}
 
@@ -253,8 +263,10 @@ def main(argv=None):
               f"with weight (k + 1) ** -{setup['skew']})")
         print_table(tiers, ["rows", "row_bytes", "cache_rows", "hit_rate", "disk_requested_bytes",
                             "requested_vs_float32", "disk_bytes", "disk_bytes_vs_float32", "cache_rows_vs_float32",
-                            "read_s"])
-        print("(disk_bytes are whole blocks read with O_DIRECT; disk_requested_bytes the rows' own bytes)")
+                            "pcie_bytes", "pcie_vs_float32", "read_s"])
+        print("(disk_bytes are whole blocks read with O_DIRECT; disk_requested_bytes the rows' own bytes; pcie_bytes "
+              f"the 32-byte sectors a zero-copy GPU gather of the batches would carry, by the model, {PCIE_WINDOW} "
+              "rows in flight)")
     json_path, png_path = out / f"{name}.json", out / f"{name}.png"
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps({"system": system_facts(), "args": vars(args), "gather": gathers, "tiers": tiers,

@@ -10,7 +10,7 @@ from typing import Any, overload
 
 import numpy as np
 
-__all__ = ["parse_size", "check_bytes", "check_int", "format_size"]
+__all__ = ["parse_size", "check_bytes", "check_int", "format_size", "dtype_name"]
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(?:i?[bB])?\s*")
@@ -109,3 +109,14 @@ def check_int(name: str, value: Any, *, low: int = 1, high: int | None = None,
         want = f"an integer in {low}..{high}"
     alternatives = "".join(f" or {a!r}" for a in also)
     raise ValueError(f"{name} must be {want}{alternatives}, got {value!r}")
+
+
+def dtype_name(dtype: object) -> str:
+    """A torch dtype's name without its module, as sidecars, keys and messages spell it: ``"float32"`` for
+    ``torch.float32``.
+
+    >>> import torch
+    >>> dtype_name(torch.bfloat16)
+    'bfloat16'
+    """
+    return str(dtype).removeprefix("torch.")

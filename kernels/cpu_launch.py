@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from directload.capabilities import UnavailableError
+from directload.units import dtype_name
 
 from . import forks
 from .cpu_kernels import FILL_KERNELS, FLAGS, KERNELS, LAUNCH, RESULT, TID, TIERED_KERNELS, team_kernel
@@ -218,7 +219,7 @@ def launch_decode(codes: torch.Tensor, index: torch.Tensor, out: torch.Tensor, c
     for name, a in (("codes", codes), ("index", index), ("out", out)):
         check_readable(a, name, ("cpu",))
     threads = get_num_threads() if out.numel() * out.element_size() >= SERIAL_BYTES else 1
-    body = decode_team_kernel(codec_name, str(out.dtype).removeprefix("torch."), index.element_size())
+    body = decode_team_kernel(codec_name, dtype_name(out.dtype), index.element_size())
     return _run_team(body, threads, codes.data_ptr(), codes.shape[0], codes.shape[1], index.data_ptr(),
                      index.shape[0], out.data_ptr())
 

@@ -8,8 +8,6 @@ attribute checks and the kernel (:func:`gather_fast`); anything unusual goes bac
 
 from __future__ import annotations
 
-import contextlib
-import threading
 import time
 import weakref
 from collections.abc import Sequence
@@ -17,16 +15,17 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from . import cpu_kernels, forks
+from . import cpu_kernels
 from .carriers import ELEMENT_SIZES
 from .cpu_launch import launch, team
 from .host_bytes import nbytes_of
 from .host_pool import default_pool
+from .loads import KernelLoads
 from .operands import INDEX_DTYPES, memory_span, out_of_range, overlaps
 from .views import bits
 
 __all__ = ["gather_fast", "run", "new_output", "POOL_BYTES", "prepare", "ready", "note_fallback", "LOAD_AFTER_S",
-           "first_out_of_range"]
+           "first_out_of_range", "LOADS", "ready_key"]
 
 #: CPU outputs from this size on come from the recycling host pool (kernels/host_pool.py).
 POOL_BYTES = 1 << 20
@@ -167,49 +166,39 @@ def _index_select(src, index, out):
 
 #: Seconds of gathering on torch's index_select after which a process loads the kernel (see above).
 LOAD_AFTER_S = 5.0
-#: (team, aligned, carrier size, index size) of the kernels this process has loaded.
-_loaded: set[tuple[str, bool, int, int]] = set()
-_loading: dict[tuple[str, bool, int, int], threading.Thread] = {}  # the same keys -> the thread loading them
-_ready_lock = threading.Lock()
-_fallback_s = 0.0  # seconds gathered on index_select so far in this process
+
+
+def _load(key):
+    """Load the kernel of ``key`` (team, aligned, carrier size, index size); raises if it cannot."""
+    team_name, aligned, carrier_size, index_size = key
+    if team_name == "torch":
+        cpu_kernels.team_kernel(aligned, carrier_size, index_size)
+        return
+    src = np.zeros((1, 1), cpu_kernels.NP_CARRIER[carrier_size])
+    idx = np.zeros(1, cpu_kernels.NP_INDEX[index_size])
+    for parallel in (False, True):
+        cpu_kernels.KERNELS[aligned, parallel](src, idx, np.zeros((1, 1), src.dtype), 1)
+
+
+#: The plain gather's kernels in this process, by (team, aligned, carrier size, index size).
+LOADS: KernelLoads[tuple[str, bool, int, int]] = KernelLoads(_load, name="directload-kernel-load")
 
 
 def note_fallback(seconds: float, aligned: bool, carrier_size: int, index_size: int) -> None:
     """A gather ran on torch's ``index_select`` for ``seconds`` because its kernel was not loaded: start
     the load once such gathers have taken :data:`LOAD_AFTER_S`."""
-    global _fallback_s
-    _fallback_s += seconds
-    if _fallback_s >= LOAD_AFTER_S:
-        prepare((carrier_size,), (index_size,), aligned=aligned)
+    LOADS.note_fallback(seconds, [ready_key(aligned, carrier_size, index_size)], after=LOAD_AFTER_S)
 
 
-def _ready_key(aligned, carrier_size, index_size):
+def ready_key(aligned: bool, carrier_size: int, index_size: int) -> tuple[str, bool, int, int]:
+    """The key of :data:`LOADS` of a gather of ``carrier_size``-byte elements by ``index_size``-byte ids."""
     return team(), bool(aligned), int(carrier_size), int(index_size)
 
 
 def ready(aligned: bool, carrier_size: int, index_size: int) -> bool:
     """Whether the kernel of a gather of ``carrier_size``-byte elements by ``index_size``-byte ids is loaded
     in this process (so a gather runs it at once, without a load)."""
-    return _ready_key(aligned, carrier_size, index_size) in _loaded
-
-
-def _load(key):
-    """Load the kernel of ``key``; it is no longer under way afterwards, loaded or failed (a failed load is
-    tried again by the next :func:`prepare`)."""
-    team_name, aligned, carrier_size, index_size = key
-    try:
-        if team_name == "torch":
-            cpu_kernels.team_kernel(aligned, carrier_size, index_size)
-        else:
-            src = np.zeros((1, 1), cpu_kernels.NP_CARRIER[carrier_size])
-            idx = np.zeros(1, cpu_kernels.NP_INDEX[index_size])
-            for parallel in (False, True):
-                cpu_kernels.KERNELS[aligned, parallel](src, idx, np.zeros((1, 1), src.dtype), 1)
-        with _ready_lock:
-            _loaded.add(key)
-    finally:
-        with _ready_lock:
-            _loading.pop(key, None)
+    return LOADS.ready(ready_key(aligned, carrier_size, index_size))
 
 
 def prepare(element_sizes: Sequence[int] = ELEMENT_SIZES, index_sizes: Sequence[int] = (8, 4), *, aligned: bool = True,
@@ -223,28 +212,4 @@ def prepare(element_sizes: Sequence[int] = ELEMENT_SIZES, index_sizes: Sequence[
     Not in a forked child that inherited no loaded kernel: its gathers are serial, and torch's
     ``index_select`` does them without the load (each of a DataLoader's workers would pay it).
     """
-    if forks.forked():
-        return
-    keys = [_ready_key(aligned, c, i) for c in element_sizes for i in index_sizes]
-    with _ready_lock:
-        todo = [k for k in keys if k not in _loaded and k not in _loading]
-        if not todo:
-            return
-        if not background:
-            for k in todo:
-                _loading[k] = threading.current_thread()
-    if not background:
-        for k in todo:
-            _load(k)
-        return
-
-    def load_all():
-        for k in todo:
-            with contextlib.suppress(Exception):  # a gather that needs the kernel loads it, and raises there
-                _load(k)
-
-    thread = threading.Thread(target=load_all, name="directload-kernel-load", daemon=True)
-    with _ready_lock:
-        for k in todo:
-            _loading[k] = thread
-    thread.start()
+    LOADS.prepare([ready_key(aligned, c, i) for c in element_sizes for i in index_sizes], background=background)

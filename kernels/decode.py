@@ -18,8 +18,6 @@ path runs on a GPU; the Numba CUDA kernel (:mod:`directload.kernels.decode_cuda`
 
 from __future__ import annotations
 
-import contextlib
-import threading
 import time
 from collections.abc import Sequence
 
@@ -27,12 +25,14 @@ import numpy as np
 import torch
 
 from directload.codecs import DECODED_DTYPES, CodecError, EncodedTable
+from directload.units import dtype_name
 
 from . import cpu_path, futures, gpu_path
 from .cpu_launch import launch_decode, team
 from .decode_cpu import CODEC_IDS, OUT_IDS, decode_team_kernel
 from .devices import memory_of
 from .futures import GatherFuture
+from .loads import KernelLoads
 from .operands import as_index, check_devices, check_no_overlap, check_out, out_of_range
 from .registry import backend_module, choose_backend
 from .tune_keys import key_for
@@ -102,67 +102,47 @@ def gather_encoded(table: EncodedTable, index: torch.Tensor | np.ndarray, *, out
 #: process that has loaded no Numba kernel yet, 0.3 s after) pays after about a second; a 3-epoch run on
 #: synth-small gathered int8 rows 5.6x slower than float32 ones while it waited for the 5 s.
 LOAD_AFTER_S = 1.0
-_loaded: set[tuple[str, str, int]] = set()
-_loading: set[tuple[str, str, int]] = set()
-_lock = threading.Lock()
-_fallback_s = 0.0
 
 
-def _key(table: EncodedTable, out: torch.Tensor, index: torch.Tensor) -> tuple[str, str, int]:
-    return table.codec.name, str(out.dtype).removeprefix("torch."), index.element_size()
+def _load(key: tuple[str, str, int]) -> None:
+    decode_team_kernel(*key)
+
+
+#: The decoding kernels in this process, by (codec, output dtype's name, index size).
+LOADS: KernelLoads[tuple[str, str, int]] = KernelLoads(_load, name="directload-decode-load")
+
+
+def _key(codec_name: str, out_dtype: torch.dtype, index_size: int) -> tuple[str, str, int]:
+    return codec_name, dtype_name(out_dtype), int(index_size)
 
 
 def decode_ready(codec_name: str, out_dtype: torch.dtype, index_size: int) -> bool:
     """Whether this process has loaded the CPU kernel decoding ``codec_name`` to ``out_dtype`` by ids of
     ``index_size`` bytes (a gather then runs it at once)."""
-    return (codec_name, str(out_dtype).removeprefix("torch."), int(index_size)) in _loaded
+    return LOADS.ready(_key(codec_name, out_dtype, index_size))
 
 
 def prepare_decode(codecs: Sequence[str] = tuple(CODEC_IDS), dtypes: Sequence[torch.dtype] = (torch.float32,),
                    index_sizes: Sequence[int] = (8, 4), *, background: bool = True) -> None:
     """Load the CPU decoding kernels of these codecs, output dtypes and index sizes (from Numba's on-disk cache;
-    compiled once per machine): on a daemon thread (``background``, the default) or now.  Idempotent.  Not where
-    torch has no OpenMP team (torch's path gathers there), nor in a forked child (see ``cpu_path.prepare``)."""
-    from . import forks
-
-    if forks.forked() or team() != "torch":
+    compiled once per machine): on a daemon thread (``background``, the default) or now (a failed load raises).
+    Idempotent.  Not where torch has no OpenMP team (torch's path gathers there), nor in a forked child (see
+    ``cpu_path.prepare``)."""
+    if team() != "torch":
         return
-    keys = [(c, str(d).removeprefix("torch."), int(i)) for c in codecs for d in dtypes for i in index_sizes]
-    with _lock:
-        todo = [k for k in keys if k not in _loaded and k not in _loading]
-        _loading.update(todo)
-    if not todo:
-        return
-
-    def load_all():
-        for k in todo:
-            try:
-                with contextlib.suppress(Exception):  # a failed load leaves torch's path, tried again later
-                    decode_team_kernel(*k)
-                    with _lock:
-                        _loaded.add(k)
-            finally:
-                with _lock:
-                    _loading.discard(k)
-
-    if background:
-        threading.Thread(target=load_all, name="directload-decode-load", daemon=True).start()
-    else:
-        load_all()
+    LOADS.prepare([_key(c, d, i) for c in codecs for d in dtypes for i in index_sizes], background=background)
 
 
 def _run_cpu(table, index, out):
     """The CPU decoding gather, checked: ``out``, or ``IndexError`` (nothing written)."""
-    global _fallback_s
-    key = _key(table, out, index)
-    if key in _loaded:
+    key = _key(table.codec.name, out.dtype, index.element_size())
+    if LOADS.ready(key):
         bad = launch_decode(table.codes, index, out, table.codec.name)
     else:
         t0 = time.perf_counter()
         bad = torch_path(table, index, out)
-        _fallback_s += time.perf_counter() - t0
-        if _fallback_s >= LOAD_AFTER_S:
-            prepare_decode((key[0],), (out.dtype,), (key[2],))
+        if team() == "torch":
+            LOADS.note_fallback(time.perf_counter() - t0, [key], after=LOAD_AFTER_S)
     if bad >= 0:
         raise out_of_range(int(index[bad]), table.codes.shape[0], position=bad)
     return out
@@ -198,8 +178,12 @@ def _start_gpu(table, index, out, backend, path=None):
         return GatherFuture(None, out)
     stream = torch.cuda.current_stream(index.device)
     with torch.cuda.device(index.device):
-        forced = {"fused": FUSED, "torch": TORCH_PATH}.get(path) if backend == "cupy" else TORCH_PATH
-        variant = forced if path is not None else _choice(table, entry, index, out, backend)
+        if path is None:
+            variant = _choice(table, entry, index, out, backend)
+        elif path == "fused" and backend == "cupy":  # only CuPy runs the fused kernel on a GPU
+            variant = FUSED
+        else:
+            variant = TORCH_PATH
         stamp = _launch(table, entry, index, out, variant, backend, stream)
     return GatherFuture(None, out, stream, entry.bounds, stamp)
 
@@ -211,7 +195,7 @@ def _launch(table, entry, index, out, variant, backend, stream):
     if variant == FUSED and backend == "cupy":
         backend_module(backend).launch_decode(
             device_id=entry.device_index, codes_ptr=entry.ptr, n_rows=entry.n_rows, code_row_bytes=entry.row_bytes,
-            dim=out.shape[1], codec_id=CODEC_IDS[table.codec.name], out_id=OUT_IDS[str(out.dtype)[6:]], index=index,
+            dim=out.shape[1], codec_id=CODEC_IDS[table.codec.name], out_id=OUT_IDS[dtype_name(out.dtype)], index=index,
             out_ptr=out.data_ptr(), err_ptr=bounds.ptr, stamp=stamp, stream_ptr=stream.cuda_stream)
     else:
         clamped = torch.empty_like(index)

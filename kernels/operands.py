@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from directload.units import dtype_name
+
 from .carriers import ELEMENT_SIZES
 from .cpu_kernels import first_invalid
 from .devices import MAPPED, memory_of
@@ -140,7 +142,7 @@ def _contiguous(a):
 
 
 def _is_int_index(a):
-    name = str(a.dtype).removeprefix("torch.")
+    name = dtype_name(a.dtype)
     return name in ("int32", "int64")
 
 

@@ -313,11 +313,13 @@ def test_train_with_a_codec_reads_code_rows_beside_the_frameworks_loader(tmp_pat
     assert report["meta"]["codec"] == "int8"
 
 
-def test_a_run_with_a_codec_and_features_in_memory_encodes_the_table_as_it_starts(tmp_path):
-    """``--codec float16 --features memory``: the run's store is the table encoded in memory, decoded inside the
-    gather (no file written); without a codec directload's loader reads the table itself."""
+def test_a_run_with_a_codec_and_features_in_memory_maps_the_store_of_codes(tmp_path):
+    """``--codec float16 --features memory``: the run's store is the dataset's store of codes mapped into memory
+    (written on first use, so every rank of a node maps one copy and no run encodes the table again), decoded
+    inside the gather; without a codec directload's loader reads the table itself."""
     from directload.codecs import codec
     from directload.datasets import load, synthesize
+    from directload.harness.commands.runs import feature_files
     from directload.harness.options import RunOptions
     from directload.harness.train_inputs import run_store
     from directload.stores import StoreSpec, TensorStore
@@ -325,11 +327,14 @@ def test_a_run_with_a_codec_and_features_in_memory_encodes_the_table_as_it_start
     synthesize(tmp_path, "synth-tiny", progress=False)
     dataset = load(tmp_path, "synth-tiny")
     assert run_store(dataset, RunOptions(loader="directload", features="memory")) is None
+    assert feature_files(tmp_path, "synth-tiny", "memory", codec="float16", progress=False)[-1].name == \
+        "node-feat.float16.npy"
     handle = run_store(dataset, RunOptions(loader="directload", features="memory", store=StoreSpec(codec="float16")))
     try:
         store = handle.store
         assert isinstance(store, TensorStore) and store.encoded.codec.name == "float16"
-        assert store.shape == tuple(dataset.feat.shape) and not (tmp_path / "synth_tiny" / "disk").exists()
+        assert store.encoded.codes.is_unified  # mapped from the file, not a private copy
+        assert store.shape == tuple(dataset.feat.shape)
         ids = [0, 7, 7]
         want = codec("float16").decode(codec("float16").encode(torch.as_tensor(dataset.feat[ids])))
         assert torch.equal(store.read(ids), want)
@@ -337,9 +342,14 @@ def test_a_run_with_a_codec_and_features_in_memory_encodes_the_table_as_it_start
         handle.close()
 
 
-def test_a_codec_needs_directloads_loader_and_no_packed_store(capsys):
+def test_a_codec_needs_directloads_loader_and_a_packed_store_of_its_codes(capsys, tmp_path):
     own = build_parser().parse_args(["train"]).framework
     assert main(["train", "--codec", "int8", "--loader", own]) == 1
     assert "--codec compresses the rows directload's loader reads" in capsys.readouterr().err
-    assert main(["train", "--codec", "int8", "--packed", "--features", "disk"]) == 1
-    assert "not supported yet" in capsys.readouterr().err
+    from directload.datasets import synthesize
+
+    synthesize(tmp_path, "synth-tiny", progress=False)
+    assert main(["train", "--codec", "int8", "--packed", "--features", "disk", "--loader", "directload",
+                 "--dataset", "synth-tiny", "--root", str(tmp_path)]) == 1
+    err = capsys.readouterr().err  # the plain packed store is not one of codes: say which to write, and how
+    assert "node-feat.int8.packed.npy does not exist" in err and "dataset pack --name synth-tiny --codec int8" in err

@@ -12,13 +12,16 @@ import re
 import shutil
 import tempfile
 import zipfile
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 from tqdm import tqdm
 
-__all__ = ["SynthConfig", "synthesize", "check_name", "dataset_files", "dataset_exists", "META_FILE", "PRESETS"]
+__all__ = ["SynthConfig", "synthesize", "publish_dataset", "write_meta", "write_npy_stream", "write_ids_csv_gz",
+           "check_name", "dataset_files", "dataset_exists", "META_FILE", "PRESETS"]
 
 #: Our description of a generated dataset, beside OGB's files.
 META_FILE = "directload-meta.json"
@@ -125,6 +128,10 @@ def _check_real(name, value, ok, what):
 PRESETS = {
     "synth-tiny": SynthConfig(num_nodes=3_000, avg_degree=10, num_feats=32, num_classes=5, chunk_nodes=1_000),
     "synth-small": SynthConfig(),
+    # A planted partition: 8 communities that keep 90% of the edges inside, near-even degrees (a Pareto exponent
+    # of 20 puts nearly every node at the mean), and features that alone classify poorly.
+    "synth-planted": SynthConfig(num_nodes=50_000, avg_degree=16, num_feats=100, num_classes=8, homophily=0.9,
+                                 signal=0.1, power=20.0),
     "synth-medium": SynthConfig(num_nodes=2_000_000, avg_degree=20, num_feats=128),
     "synth-large": SynthConfig(num_nodes=20_000_000, avg_degree=6, num_feats=128, feat_dtype="float16"),
     # Out of core: a 4 GiB feature file (4 KiB rows); few training nodes, so a cold epoch over np.memmap
@@ -137,7 +144,14 @@ def _dir(root, name):
     return Path(root) / name.replace("-", "_")
 
 
-def _write_npy_stream(zf, name, shape, dtype, chunks):
+def write_meta(out: Path, name: str, config: dict, num_edges: int, inline_features: bool) -> None:
+    """Write ``META_FILE``, the last file of a dataset: what :func:`publish_dataset` compares."""
+    meta = {"name": name, "config": config, "num_edges": int(num_edges), "inline_features": inline_features}
+    (out / META_FILE).write_text(json.dumps(meta, indent=2))
+
+
+def write_npy_stream(zf: zipfile.ZipFile, name: str, shape: tuple[int, ...], dtype: npt.DTypeLike,
+                     chunks: Iterable[np.ndarray]) -> None:
     """Write one ``.npy`` member of an ``.npz`` from chunks, never holding the array."""
     with zf.open(name + ".npy", "w", force_zip64=True) as f:
         np.lib.format.write_array_header_2_0(f, {"descr": np.dtype(dtype).str, "fortran_order": False,
@@ -146,7 +160,8 @@ def _write_npy_stream(zf, name, shape, dtype, chunks):
             f.write(np.ascontiguousarray(c, dtype=dtype).tobytes())
 
 
-def _write_ids_csv_gz(path, ids, chunk=1 << 20):
+def write_ids_csv_gz(path: Path, ids: np.ndarray, chunk: int = 1 << 20) -> None:
+    """Write ids one per line, gzipped: OGB's split files."""
     with gzip.open(path, "wt", compresslevel=1) as f:
         for s in range(0, len(ids), chunk):
             f.write("\n".join(map(str, ids[s:s + chunk].tolist())))
@@ -213,11 +228,27 @@ def synthesize(root: os.PathLike[str] | str, name: str = "synth-small", config: 
     """
     check_name(name)
     cfg = config or PRESETS.get(name) or SynthConfig()
+    return publish_dataset(root, name, asdict(cfg), inline_features,
+                           lambda tmp: _generate(tmp, name, cfg, inline_features, progress), overwrite=overwrite)
+
+
+def publish_dataset(root: os.PathLike[str] | str, name: str, config: dict, inline_features: bool,
+                    write: Callable[[Path], None], *, overwrite: bool = False) -> Path:
+    """Write dataset ``name`` under ``root`` with ``write(tmp)`` and rename it into place, whole: the one way
+    a dataset directory is made (:func:`synthesize`, :func:`directload.datasets.import_npz`).
+
+    ``write`` fills the private directory ``tmp`` with every file of :func:`dataset_files`, ``META_FILE``
+    last, whose ``"config"`` is ``config``.  A complete dataset of the same ``config`` at the destination is
+    kept (``write`` is not called); one of another ``config``, or an incomplete one, is replaced only with
+    ``overwrite``; a directory directload did not make is refused with ``FileExistsError``.  Writers in one
+    ``root`` take turns (a lock on ``root``); what a killed writer left is removed by the next.
+    """
+    check_name(name)
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     out = _dir(root, name)
     with _root_lock(root):
-        state = _state(out, cfg, inline_features)
+        state = _state(out, config, inline_features)
         if state == "same" and not overwrite:
             return out
         if state == "foreign":
@@ -230,8 +261,8 @@ def synthesize(root: os.PathLike[str] | str, name: str = "synth-small", config: 
         _remove_stale_partials(root, out.name)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=root))
         try:
-            (tmp / PARTIAL_FILE).write_text(f"{name}: being generated by directload (pid {os.getpid()})\n")
-            _generate(tmp, name, cfg, inline_features, progress)
+            (tmp / PARTIAL_FILE).write_text(f"{name}: being written by directload (pid {os.getpid()})\n")
+            write(tmp)
             (tmp / PARTIAL_FILE).unlink()
             if out.exists():  # ours (it has our meta file), replaced on request
                 old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=root))
@@ -270,8 +301,8 @@ def dataset_files(inline_features: bool) -> list[str]:
     return files if inline_features else [*files, "raw/node-feat.npy"]
 
 
-def _state(out, cfg, inline_features):
-    """What is at ``out``: "missing", "same" (complete, this configuration), "different",
+def _state(out, config, inline_features):
+    """What is at ``out``: "missing", "same" (complete, configuration ``config``), "different",
     "incomplete" (ours, files missing) or "foreign" (not made by directload)."""
     if not out.exists() and not out.is_symlink():
         return "missing"
@@ -280,12 +311,12 @@ def _state(out, cfg, inline_features):
         return "foreign"
     try:
         meta = json.loads(meta_path.read_text())
-        config = meta["config"]
+        stored = meta["config"]
     except (ValueError, KeyError, TypeError):
         return "incomplete"
     if any(not (out / f).is_file() for f in dataset_files(meta.get("inline_features", False))):
         return "incomplete"
-    same = config == json.loads(json.dumps(asdict(cfg))) and meta.get("inline_features", False) == inline_features
+    same = stored == json.loads(json.dumps(config)) and meta.get("inline_features", False) == inline_features
     return "same" if same else "different"
 
 
@@ -345,11 +376,11 @@ def _generate(out, name, cfg, inline_features, progress):
             yield x.astype(feat_dtype)
 
     with zipfile.ZipFile(out / "raw" / "data.npz", "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-        _write_npy_stream(zf, "edge_index", (2, num_edges), np.int64, [src, dst, dst, src])
-        _write_npy_stream(zf, "num_nodes_list", (1,), np.int64, [np.array([n])])
-        _write_npy_stream(zf, "num_edges_list", (1,), np.int64, [np.array([num_edges])])
+        write_npy_stream(zf, "edge_index", (2, num_edges), np.int64, [src, dst, dst, src])
+        write_npy_stream(zf, "num_nodes_list", (1,), np.int64, [np.array([n])])
+        write_npy_stream(zf, "num_edges_list", (1,), np.int64, [np.array([num_edges])])
         if inline_features:
-            _write_npy_stream(zf, "node_feat", (n, cfg.num_feats), feat_dtype, feature_chunks())
+            write_npy_stream(zf, "node_feat", (n, cfg.num_feats), feat_dtype, feature_chunks())
     if not inline_features:
         feat = np.lib.format.open_memmap(out / "raw" / "node-feat.npy", mode="w+", dtype=feat_dtype,
                                          shape=(n, cfg.num_feats))
@@ -363,10 +394,9 @@ def _generate(out, name, cfg, inline_features, progress):
     n_train, n_valid = int(cfg.split[0] * n), int(cfg.split[1] * n)
     for part, ids in (("train", perm[:n_train]), ("valid", perm[n_train:n_train + n_valid]),
                       ("test", perm[n_train + n_valid:])):
-        _write_ids_csv_gz(out / "split" / "random" / f"{part}.csv.gz", np.sort(ids))
+        write_ids_csv_gz(out / "split" / "random" / f"{part}.csv.gz", np.sort(ids))
     bar.update()
     (out / "RELEASE_v1.txt").write_text(f"{name}: generated by directload\n")
-    meta = {"name": name, "config": asdict(cfg), "num_edges": num_edges, "inline_features": inline_features}
-    (out / META_FILE).write_text(json.dumps(meta, indent=2))
+    write_meta(out, name, asdict(cfg), num_edges, inline_features)
     bar.update()
     bar.close()

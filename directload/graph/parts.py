@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from directload.units import dtype_name
+
 __all__ = ["PARTS", "INDEX", "FLOAT", "PART_DTYPES", "dtype_name"]
 
 #: The parts, in the order every file and shared table lists them (``eids`` and ``weights`` are optional).
@@ -14,10 +16,4 @@ FLOAT = (torch.float32, torch.float64)
 PART_DTYPES = {"indptr": INDEX, "indices": INDEX, "eids": INDEX, "weights": FLOAT}
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    """``"int64"`` for ``torch.int64``.
 
-    >>> dtype_name(torch.float32)
-    'float32'
-    """
-    return str(dtype).removeprefix("torch.")

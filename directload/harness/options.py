@@ -402,9 +402,6 @@ def _check_store(o: RunOptions, loaders: tuple[str, ...], names: Names) -> Store
         raise ValueError(f"{opt('store.partition')} splits the rows among the ranks of a DDP job: give {names.ranks}")
     if spec.codec is not None and "directload" not in loaders:
         raise ValueError(f"{opt('store.codec')} compresses the rows directload's loader reads: it needs {names.ours}")
-    if spec.codec is not None and spec.packed:
-        raise ValueError(f"{opt('store.codec')} and {opt('store.packed')} together are not supported yet: the packed "
-                         "store is written uncompressed")
     if spec.packed and (o.features == "memory" or "directload" not in loaders):
         raise ValueError(f"{opt('store.packed')} reads the packed disk store with directload's loader: it needs "
                          f"{eq('features', 'disk', 'tiered')} and {names.ours}")

@@ -7,7 +7,7 @@ from typing import Any
 
 from directload.codecs import CODECS
 
-from .commands import bench, convert, info, pack, partition, synth, tune, verify
+from .commands import bench, convert, import_npz, info, pack, partition, synth, tune, verify
 from .commands import train as train_command
 from .flags import int_at_least, non_negative_int, positive_int
 from .options import OPTIONS, RunOptions, value_at
@@ -57,8 +57,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     (:data:`~directload.harness.options.OPTIONS`, each with its help and parse) and the command's own."""
     _option(p, "framework", choices=list(SIDES), default=_default_framework())
     p.add_argument("--dataset", default="synth-small",
-                   help="a synthetic preset (synth-tiny, synth-small, synth-medium, synth-large, synth-ooc; generated "
-                        "when missing) or an OGB node-property dataset already under --root")
+                   help="a synthetic preset (synth-tiny, synth-small, synth-planted, synth-medium, synth-large, "
+                        "synth-ooc; generated when missing), or an OGB node-property dataset or one made by `dataset "
+                        "import` already under --root")
     p.add_argument("--root", default="data", help="directory that holds the datasets")
     _option(p, "epochs")
     p.add_argument("--device", default="auto", help="cpu, cuda or cuda:N; auto picks cuda when a GPU is usable")
@@ -118,12 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="remove the tuner's cache file (only that file), so every kind is timed again")
     p.set_defaults(func=tune.run)
 
-    ds = command(sub, "dataset", "generate a synthetic dataset or convert an OGB one")
-    ds_sub = ds.add_subparsers(dest="action", required=True, metavar="{synth,convert,pack,partition}")
+    ds = command(sub, "dataset", "generate a synthetic dataset, import a real one, or convert an OGB one")
+    ds_sub = ds.add_subparsers(dest="action", required=True, metavar="{synth,import,convert,pack,partition}")
     p = command(ds_sub, "synth", "generate a synthetic node-classification dataset in OGB's on-disk layout")
     _dataset(p, "directory to write the dataset into", "synth-small",
-             "dataset name, one plain path component; the presets synth-tiny, synth-small, synth-medium, synth-large "
-             "and synth-ooc pick their sizes")
+             "dataset name, one plain path component; the presets synth-tiny, synth-small, synth-planted (a "
+             "planted partition), synth-medium, synth-large and synth-ooc pick their sizes")
     p.add_argument("--nodes", type=positive_int, help="number of nodes (default: the preset's)")
     p.add_argument("--degree", type=positive_int, help="average degree, both directions (default: the preset's)")
     p.add_argument("--feats", type=positive_int, help="features per node (default: the preset's)")
@@ -136,6 +137,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="regenerate a dataset this command made before (never touches other directories)")
     _no_progress(p)
     p.set_defaults(func=synth.run)
+    p = command(ds_sub, "import", "write a real graph from one .npz file (node_features, node_labels, edges and "
+                                  "train/val/test masks, the heterophilous-graph benchmark's layout: its "
+                                  "tolokers.npz has dense features) as a dataset in OGB's layout")
+    p.add_argument("npz", help="the .npz file (fetch it yourself: nothing is downloaded)")
+    _dataset(p, "directory to write the dataset into", None,
+             "dataset name, one plain path component (default: the file's name, '_' as '-')")
+    p.add_argument("--split", type=non_negative_int, default=0, help="which of the file's splits to keep")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a dataset this command or synth made before under that name")
+    p.set_defaults(func=import_npz.run)
     p = command(ds_sub, "convert", "add a memory-mappable raw/node-feat.npy to an OGB dataset on disk, or write "
                                    "a dataset's (or a .npy file's) features as a disk store (--to disk)")
     _dataset(p, "directory that holds the dataset", None, "the dataset, for example ogbn-products")
@@ -164,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="neighbours sampled per layer, as train's --fanouts (default 15 10 5)")
     p.add_argument("--batch-size", type=positive_int, default=1024, help="seed nodes per mini-batch, as train's")
     p.add_argument("--epochs", type=positive_int, default=3, help="epochs pre-sampled for the profile")
+    p.add_argument("--codec", choices=list(CODECS), default=None,
+                   help="pack the dataset's store of this codec's code rows (written first if missing) into "
+                        "<dataset>/disk/node-feat.<codec>.packed.npy, which train --packed --codec reads")
     _no_progress(p)
     p.set_defaults(func=pack.run)
 
@@ -177,6 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="memory: in DGL's partitions, held by its servers; disk: a directload disk store per "
                         "partition, read by that machine's servers and trainers, never all in memory")
     p.add_argument("--method", choices=["metis", "random"], default="metis", help="DGL's partitioning method")
+    p.add_argument("--codec", choices=list(CODECS), default=None,
+                   help="store the rows as this codec's code rows (in DGL's partitions or the disk stores), in "
+                        "partitions-N-<features>-<codec>: machines hold, read and send codes, and the trainer "
+                        "decodes them (train --dist --codec reads them)")
     _no_progress(p)
     p.set_defaults(func=partition.run)
 
@@ -194,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "gathers; disk: random row reads from disk, DiskStore against fio and np.memmap; "
                         "loader: training epochs, DGL's loader against ours (GraphSAGE by default); "
                         "pyg: PyG's example idioms, PyG's loader against ours; gpu: the GPU suite; versus: "
-                        "one of these against the same benchmark of an earlier commit")
+                        "one of these against the same benchmark of an earlier commit; codecs: gathers and tiers of "
+                        "compressed rows against float32; accuracy: test accuracy with each codec against float32")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the script (see its --help)")
     p.set_defaults(func=bench.run)
 

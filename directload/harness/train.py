@@ -185,20 +185,25 @@ def profile_counts(dataset: Dataset, cfg: TrainConfig, epochs: int, *, progress:
                          dataset.num_nodes)
 
 
-def pack(dataset: Dataset, cfg: TrainConfig, epochs: int = 3, *, progress: bool = True) -> tuple[Path, np.ndarray]:
-    """Write the dataset's packed disk store (:data:`PACKED_FILE`): its disk store with the rows renumbered
-    hottest first (:func:`~directload.stores.renumber`), by :func:`profile_counts` over ``epochs`` epochs,
-    rows read equally often by in-degree.  Returns ``(path, counts)``."""
+def pack(dataset: Dataset, cfg: TrainConfig, epochs: int = 3, *, codec: str | None = None,
+         progress: bool = True) -> tuple[Path, np.ndarray]:
+    """Write the dataset's packed disk store (:data:`PACKED_FILE`; with ``codec`` that of its store of codes,
+    :func:`~directload.harness.train_inputs.disk_file`): its disk store with the rows renumbered hottest first
+    (:func:`~directload.stores.renumber`), by :func:`profile_counts` over ``epochs`` epochs, rows read equally
+    often by in-degree.  Returns ``(path, counts)``."""
     from directload.stores import renumber
+
+    from .train_inputs import disk_file
 
     counts = profile_counts(dataset, cfg, epochs, progress=progress)
     degree = np.bincount(np.asarray(dataset.edge_index[1]), minlength=dataset.num_nodes)
-    src = feature_file(dataset)
+    src = feature_file(dataset, codec=codec)
     for name in ("run", "packed"):  # the copy is rewritten: close what reads it (the next run opens it afresh)
         store = dataset.stores.get(name)
         if store is not None:
             store.close()
-    path = renumber(src, dataset.path / PACKED_FILE, counts, tiebreak=degree, overwrite=True, progress=progress)
+    path = renumber(src, dataset.path / disk_file(codec, packed=True), counts, tiebreak=degree, overwrite=True,
+                    progress=progress)
     return path, counts
 
 

@@ -30,7 +30,7 @@ from directload.unified import host_of
 from .train_dgl import SAGE, dgl
 
 if TYPE_CHECKING:
-    from directload.loaders.dgl.distributed import DistFeatures
+    from directload.loaders.dgl.distributed import DecodedDistFeatures, DistFeatures
     from directload.stores import StoreSpec
 
 __all__ = ["settings", "server_main", "trainer_main"]
@@ -65,6 +65,10 @@ def _verify(s, ids, rows, blocks, orig):
     """Rows and the last block's edges against the original dataset, by original id."""
     feat, edges = orig
     want = feat[torch.from_numpy(s["_orig_nids"][ids.numpy()])]
+    if s.get("_codec") is not None:  # rows of codes: the dataset's rows as their codes decode
+        from directload.codecs import codec
+
+        want = codec(s["_codec"]).decode(codec(s["_codec"]).encode(want))
     if not torch.equal(rows, want):
         raise AssertionError("a fetched feature row differs from the dataset's")
     block = blocks[-1]
@@ -97,10 +101,11 @@ def trainer_main(s: dict[str, Any], machine: int) -> None:
 
     # this machine's rows through the stack the launcher's spec describes, over its partition's rows
     local = StoreSpec.from_dict(s["store"]) if s.get("store") else None
-    store: DistFeatures | _DGLFetch = dist_features(g, s["config"], local=local)
+    store: DistFeatures | DecodedDistFeatures | _DGLFetch = dist_features(g, s["config"], local=local)
     if s.get("fetch") == "dgl":  # the baseline: DGL's own fetch, g.ndata[...][input_nodes], no look-ahead
-        if meta["features"] != "memory":
-            raise ValueError("DGL's own fetch needs the features in DGL's partitions (partition with features=memory)")
+        if meta["features"] != "memory" or meta["codec"] is not None:
+            raise ValueError("DGL's own fetch needs plain features in DGL's partitions (partition with "
+                             "features=memory and no codec)")
         store = _DGLFetch(g.ndata["feat"], store)
     orig: tuple[torch.Tensor, np.ndarray] | None = None
     if s.get("verify"):
@@ -108,6 +113,7 @@ def trainer_main(s: dict[str, Any], machine: int) -> None:
 
         ds = load(s["root"], s["dataset"])
         s["_orig_nids"], s["_num_nodes"] = np.load(Path(s["config"]).parent / "orig_nids.npy"), ds.num_nodes
+        s["_codec"] = meta["codec"]
         orig = (host_of(ds.feat),
                 np.unique(ds.edge_index[0].numpy() * ds.num_nodes + ds.edge_index[1].numpy()))
     num_feats, num_classes = _sizes(meta, g)
@@ -124,6 +130,7 @@ def trainer_main(s: dict[str, Any], machine: int) -> None:
     stats, remote = tiers["partitioned"], tiers.tiers[-1]
     result = {"machine": machine, "part": int(pb.partid), "train_nodes": len(train_ids), "test_acc": acc,
               "epochs": epochs, "local_rows": stats["local_rows"], "remote_rows": stats["remote_rows"],
+              "remote_bytes": stats["remote_bytes"], "codec": meta["codec"],
               "remote_s": remote.get("seconds", 0.0), "remote_reads": remote.get("reads", 0),
               "threads": torch.get_num_threads(), "local": _stack_of(store),
               "features": meta["features"], "verified": bool(orig)}
@@ -135,10 +142,11 @@ def trainer_main(s: dict[str, Any], machine: int) -> None:
 
 def _stack_of(store):
     """The stores this machine reads its own rows through, top first, by type."""
-    from directload.stores import walk
+    from directload.stores import PartitionedStore, walk
 
-    local = store.local if isinstance(store, FeatureStore) else store.counted.local
-    return [type(s).__name__ for s in walk(local)]
+    split = next(s for s in walk(store if isinstance(store, FeatureStore) else store.counted)
+                 if isinstance(s, PartitionedStore))
+    return [type(s).__name__ for s in walk(split.local)]
 
 
 def _sizes(meta, g):

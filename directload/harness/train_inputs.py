@@ -105,11 +105,21 @@ def run_store(dataset: Dataset, cfg: RunConfig) -> StoreHandle | None:
 def store_spec(dataset: Dataset, cfg: RunConfig) -> StoreSpec:
     """The store a run of ``cfg`` reads, as a :class:`~directload.stores.StoreSpec`: ``cfg.store`` over the
     dataset's features (its disk store, the packed copy with ``cfg.store.packed``; the table in memory for a
-    partitioned run with ``features="memory"``), tiered with ``features="tiered"``, its GPU tier on the run's
-    device; the shared hot rows named by the budget and the dataset.  A rank of a partitioned table holds its
-    own rows in host tiers only.  Opens nothing."""
-    in_memory = cfg.features == "memory"
-    source = dataset.feat if in_memory else feature_file(dataset, packed=cfg.store.packed, codec=cfg.store.codec)
+    partitioned run with ``features="memory"``; with a codec and ``features="memory"``, its disk store of codes
+    mapped into memory, so the ranks of a node share one copy in the page cache and no run encodes the table
+    again), tiered with ``features="tiered"``, its GPU tier on the run's device; the shared hot rows named by
+    the budget and the dataset.  A rank of a partitioned table holds its own rows in host tiers only.  Maps
+    the codes' file, opens no store."""
+    codec = cfg.store.codec
+    source: Any = dataset.feat
+    if cfg.features != "memory":
+        source = feature_file(dataset, packed=cfg.store.packed, codec=codec)
+    elif codec is not None:
+        from directload import from_file
+        from directload.codecs import EncodedTable
+        from directload.codecs import codec as find_codec
+
+        source = EncodedTable(from_file(feature_file(dataset, codec=codec)), find_codec(codec))
     return _over(cfg, source, torch.device(cfg.device), dataset.name)
 
 
@@ -124,14 +134,16 @@ def _over(cfg: RunConfig, source: Any, device: torch.device, name: str) -> Store
     return replace(spec, gpu_bytes=0) if spec.partitioned else spec  # a rank's own rows: host tiers only
 
 
-def disk_file(codec: str | None = None) -> str:
+def disk_file(codec: str | None = None, packed: bool = False) -> str:
     """The path, under a dataset's directory, of its disk store: :data:`DISK_FILE`, or with ``codec`` its store
-    of that codec's code rows (``disk/node-feat.int8.npy``).
+    of that codec's code rows (``disk/node-feat.int8.npy``); with ``packed`` that store's copy renumbered by
+    hotness (:data:`PACKED_FILE`, ``disk/node-feat.int8.packed.npy``).
 
-    >>> disk_file(), disk_file("int8")
-    ('disk/node-feat.npy', 'disk/node-feat.int8.npy')
+    >>> disk_file(), disk_file("int8"), disk_file(packed=True), disk_file("int8", packed=True)
+    ('disk/node-feat.npy', 'disk/node-feat.int8.npy', 'disk/node-feat.packed.npy', 'disk/node-feat.int8.packed.npy')
     """
-    return DISK_FILE if codec is None else DISK_FILE.replace(".npy", f".{codec}.npy")
+    path = DISK_FILE if codec is None else DISK_FILE.replace(".npy", f".{codec}.npy")
+    return path.replace(".npy", ".packed.npy") if packed else path
 
 
 def feature_file(dataset: Dataset, packed: bool = False, codec: str | None = None) -> Path:
@@ -139,9 +151,9 @@ def feature_file(dataset: Dataset, packed: bool = False, codec: str | None = Non
     by hotness; with ``codec`` its store of codes, :func:`disk_file`), or a ``FileNotFoundError`` saying which
     command writes it: ``directload dataset convert --to disk`` (with ``--codec``), or ``directload dataset
     pack``."""
-    path = dataset.path / (PACKED_FILE if packed else disk_file(codec))
+    path = dataset.path / disk_file(codec, packed)
     if not path.exists():
-        how = "dataset pack" if packed else "dataset convert --to disk" + (f" --codec {codec}" if codec else "")
+        how = ("dataset pack" if packed else "dataset convert --to disk") + (f" --codec {codec}" if codec else "")
         raise FileNotFoundError(f"{path} does not exist: write it with `directload {how} --name {dataset.name}`")
     return path
 

@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 from directload.capabilities import require
 from directload.codecs import CODECS, CodecError
 from directload.npy import CorruptFileError, open_regular, read_header
+from directload.units import dtype_name
 
 from .generations import FORMAT, id_map_path, read_sidecar_json, sidecar_path
 
@@ -56,7 +57,7 @@ _MAX_CHUNK_BYTES = 1 << 40
 OPEN_ATTEMPTS = 4
 
 #: The element types a disk store holds, by the name its sidecar uses.
-TORCH_DTYPES = {str(d).removeprefix("torch."): d for d in (
+TORCH_DTYPES = {dtype_name(d): d for d in (
     torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
     torch.int8, torch.uint8, torch.bool)}
 

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 from directload.capabilities import require
 from directload.codecs import Codec, CodecError, codec
 from directload.npy import header_bytes, make_mark
+from directload.units import dtype_name
 
 from . import disk_format as fmt
 from .disk_format import CHUNK_BYTES, DATA_ALIGN, TORCH_DTYPES, VERSION, read_layout, same_file, sidecar_crc
@@ -80,9 +81,11 @@ def _encoding(source: _Source, chosen: Codec) -> _Source:
     np_codes = {torch.uint8: np.dtype(np.uint8), torch.float16: np.dtype("<f2"), torch.bfloat16: np.dtype("<u2")}
 
     def floats(part):
+        # a chunk of a read-only mapping is copied (torch warns of tensors over memory it may not write)
+        part = np.require(part, requirements=("C", "W"))
         if source.dtype is torch.bfloat16:  # its <u2 bits
-            return torch.from_numpy(np.ascontiguousarray(part).view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(np.ascontiguousarray(part))
+            return torch.from_numpy(part.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(part)
 
     def codes(part, first_row):
         t = chosen.encode_rows(floats(part), first_row=first_row)
@@ -195,6 +198,10 @@ def write_disk_store(src: object, path: os.PathLike[str] | str, *, overwrite: bo
         With ``order``: ``fetch(ids) -> rows`` (a numpy array) reads the source's rows; default
         fancy indexing of ``src`` (fine in memory; a disk store's ``read`` is far faster than a cold
         memory map).
+    codec : str or Codec, optional
+        Encode the rows as this codec's code rows (:mod:`directload.codecs`) as they stream; the sidecar names
+        it.  A ``src`` that is a disk store of codes is copied as the same codes (renumbered with ``order``),
+        its codec carried over: leave ``codec`` out.
 
     Returns
     -------
@@ -232,12 +239,14 @@ def write_disk_store(src: object, path: os.PathLike[str] | str, *, overwrite: bo
     if isinstance(src, (str, os.PathLike)) and same_file(src, path):
         raise ValueError(f"{path}: cannot convert a file onto itself; write the store to another path")
     chosen = None if codec is None else _codec(codec)
+    held = read_layout(src).codec if isinstance(src, (str, os.PathLike)) else None  # a copy of codes stays codes
+    if chosen is not None and held is not None:
+        raise CodecError(f"{src} holds {held} codes already: write it without codec=")
     source = _source(src)
     try:
         if chosen is not None:
-            if isinstance(src, (str, os.PathLike)) and read_layout(src).codec is not None:
-                raise CodecError(f"{src} holds {read_layout(src).codec} codes already: write it without codec=")
             source = _encoding(source, chosen)
+        named = chosen.name if chosen is not None else held
         n = source.shape[0]
         id_map = None if order is None else _inverse_permutation(order, n)
         take = source.take if fetch is None else (
@@ -249,14 +258,14 @@ def write_disk_store(src: object, path: os.PathLike[str] | str, *, overwrite: bo
                 f.write(header)
                 chunks = _write_rows(f, source, order, take, chunk_bytes, crc32c, progress, path.name, w.step)
                 size = f.tell()
-            meta = {"format": FORMAT, "version": VERSION if chosen is None else fmt.CODEC_VERSION,
+            meta = {"format": FORMAT, "version": VERSION if named is None else fmt.CODEC_VERSION,
                     "generation": w.generation, "token": w.token,
-                    "data": w.data_name, "dtype": str(source.dtype).removeprefix("torch."),
+                    "data": w.data_name, "dtype": dtype_name(source.dtype),
                     "npy_descr": np.lib.format.dtype_to_descr(source.np_dtype), "shape": list(source.shape),
                     "data_offset": len(header), "file_bytes": size, "chunk_bytes": chunk_bytes,
                     "checksum": "crc32c", "chunks": chunks, "source": source.what}
-            if chosen is not None:
-                meta["codec"] = chosen.name
+            if named is not None:
+                meta["codec"] = named
             if id_map is not None:
                 with w.create("map") as f:
                     f.write(header_bytes(np.dtype("<i8"), id_map.shape, mark=make_mark(w.token, False)))

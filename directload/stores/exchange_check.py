@@ -10,6 +10,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from directload.units import dtype_name
+
 __all__ = ["describe_table", "disagreement"]
 
 _NAME_BYTES, _DIMS = 32, 16  # a table's description: its dtype's name and up to 16 dims in full (a checksum of all)
@@ -26,7 +28,7 @@ def describe_table(dtype: torch.dtype, row_shape: Sequence[int], bounds: npt.Arr
     >>> described.dtype, described.size, described[4:6].tolist()
     (dtype('int64'), 26, [16, 1])
     """
-    name = str(dtype).removeprefix("torch.").encode()[:_NAME_BYTES].ljust(_NAME_BYTES, b"\0")
+    name = dtype_name(dtype).encode()[:_NAME_BYTES].ljust(_NAME_BYTES, b"\0")
     dims = list(row_shape)
     nbytes = int(np.prod(dims, dtype=np.int64)) * torch.empty(0, dtype=dtype).element_size()
     head = [nbytes, len(dims), zlib.crc32(repr(tuple(dims)).encode())]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from directload.codecs import CodecError, encode
+from directload.codecs import CodecError, EncodedTable, encode
 
 from .base import FeatureStore
 from .decoding import DecodingStore
@@ -148,16 +148,18 @@ def _stack(spec: StoreSpec) -> FeatureStore:
     if spec.source is None:
         raise ValueError("the spec names no source: give its path, tensor or store (StoreSpec(source=...))")
     given, codec_name = spec.source, _codec_of(spec)
+    codes = given if isinstance(given, EncodedTable) else None
     if codec_name is not None and isinstance(given, torch.Tensor):  # encoded as it opens: the tiers carry codes
         codes = encode(given, codec_name, progress=True)
+    if codes is not None:
         if not spec.tiers and spec.partition is None:
-            return TensorStore(codes)  # decoded inside the gather
+            return TensorStore(codes if spec.decode else codes.codes)  # decoded inside the gather, or codes
         spec = dataclasses.replace(spec, source=codes.codes)
     if spec.partition is not None:
         store = _partitioned(spec)
     else:
         source = TensorStore(spec.source) if isinstance(spec.source, torch.Tensor) else spec.source
-        if source is None:  # checked above; the encoded spec keeps it
+        if source is None or isinstance(source, EncodedTable):  # checked above; codes became a tensor above
             raise ValueError("the spec names no source")
         if not spec.tiers:
             store = source if isinstance(source, FeatureStore) else DiskStore(source, **spec.disk.kwargs())
@@ -169,7 +171,7 @@ def _stack(spec: StoreSpec) -> FeatureStore:
                 except BaseException:
                     store.close()
                     raise
-    if codec_name is None:
+    if codec_name is None or not spec.decode:
         return store
     try:
         return DecodingStore(store, codec_name, own=store is not given)
@@ -188,6 +190,8 @@ def _codec_of(spec: StoreSpec) -> str | None:
     stored = None
     if isinstance(source, (str, os.PathLike)):
         stored = read_layout(source).codec
+    elif isinstance(source, EncodedTable):
+        stored = source.codec.name
     elif isinstance(source, FeatureStore) and wanted is None:
         stored = getattr(source, "codec", None) if not isinstance(source, DecodingStore) else None
     if stored is not None and wanted is not None and stored != wanted:
@@ -269,7 +273,7 @@ def _partitioned(spec: StoreSpec) -> FeatureStore:
 
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     source = spec.source
-    if source is None or isinstance(source, FeatureStore):
+    if source is None or isinstance(source, (FeatureStore, EncodedTable)):  # codes come as their tensor
         raise TypeError("a partitioned spec takes a path or a tensor (each rank opens its own rows), not a store")
     if isinstance(source, torch.Tensor):
         bounds = partition_bounds(source.shape[0], world)

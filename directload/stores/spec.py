@@ -22,9 +22,9 @@ from typing import Any, TypeAlias
 
 import torch
 
-from directload.codecs import CODECS, CodecError
+from directload.codecs import CODECS, CodecError, EncodedTable
 from directload.errors import DirectloadWarning
-from directload.units import check_bytes, check_int
+from directload.units import check_bytes, check_int, dtype_name
 
 from .base import FeatureStore
 from .handle import StoreHandle, open_store  # noqa: F401  (their home is .handle; the old path keeps working)
@@ -33,7 +33,7 @@ from .policies import POLICY_NAMES, Policy
 __all__ = ["StoreSpec", "DiskOptions", "BudgetSpec", "PartitionSpec", "Source", "DeprecatedKeywordWarning"]
 
 #: What a spec reads: a ``.npy`` disk store's path, a tensor, or a store.
-Source: TypeAlias = "str | os.PathLike[str] | torch.Tensor | FeatureStore"
+Source: TypeAlias = "str | os.PathLike[str] | torch.Tensor | EncodedTable | FeatureStore"
 
 
 def _field(path: str) -> str:
@@ -84,7 +84,7 @@ class DiskOptions:
         """The options given, as JSON's types (a dtype by its name, a shape as a list)."""
         out = self.kwargs()
         if self.dtype is not None:
-            out["dtype"] = str(self.dtype).removeprefix("torch.")
+            out["dtype"] = dtype_name(self.dtype)
         if self.shape is not None:
             out["shape"] = list(self.shape)
         return out
@@ -188,10 +188,11 @@ class StoreSpec:
 
     Parameters
     ----------
-    source : str, os.PathLike, torch.Tensor or FeatureStore, optional
+    source : str, os.PathLike, torch.Tensor, EncodedTable or FeatureStore, optional
         A ``.npy`` disk store's path (opened as a :class:`~directload.stores.DiskStore` with ``disk``), a host
-        tensor (rows in memory), or a store, used as it is and left open.  None: given later (a training run
-        reads its dataset's), so :func:`open_store` refuses it.
+        tensor (rows in memory), a table of codes in memory (:class:`~directload.codecs.EncodedTable`: a
+        mapped disk store of codes, a shared table of them), or a store, used as it is and left open.  None:
+        given later (a training run reads its dataset's), so :func:`open_store` refuses it.
     tiers : bool
         Caches in front of the source (a :class:`~directload.stores.TieredStore`); False: the source alone.
     gpu_bytes, host_bytes : int or str
@@ -218,6 +219,9 @@ class StoreSpec:
         float32 rows (a :class:`~directload.stores.DecodingStore` on top).  A disk store written with a codec
         (``write_disk_store(codec=...)``) is decoded whether or not this names it; naming another codec is an
         error.  A source of plain rows on disk is refused: write it again with the codec.
+    decode : bool
+        With a codec: False opens the stack without the decode on top, so reads return the code rows, for a
+        caller that sends them on (a server) or decodes above a store of its own (over a partitioned store).
 
     Examples
     --------
@@ -244,6 +248,7 @@ class StoreSpec:
     partition: PartitionSpec | None = None
     disk: DiskOptions = field(default_factory=DiskOptions)
     codec: str | None = None
+    decode: bool = True
 
     @property
     def partitioned(self) -> bool:
@@ -262,8 +267,8 @@ class StoreSpec:
         if not (self.partition is None or isinstance(self.partition, PartitionSpec)):
             raise TypeError(f"{names('partition')} must be a PartitionSpec or None, not "
                             f"{type(self.partition).__name__}")
-        if source is not None and not isinstance(source, (str, os.PathLike, torch.Tensor, FeatureStore)):
-            raise TypeError(f"{names('source')} must be a path, a tensor or a FeatureStore, not "
+        if source is not None and not isinstance(source, (str, os.PathLike, torch.Tensor, EncodedTable, FeatureStore)):
+            raise TypeError(f"{names('source')} must be a path, a tensor, an EncodedTable or a FeatureStore, not "
                             f"{type(source).__name__}")
         path = isinstance(source, (str, os.PathLike))
         if self.disk.kwargs() and source is not None and not path:
@@ -277,6 +282,8 @@ class StoreSpec:
         self._check_together(budget, names)
         if self.codec is not None and self.codec not in CODECS:
             raise CodecError(f"{names('codec')} must be one of {', '.join(CODECS)}, got {self.codec!r}")
+        if not isinstance(self.decode, bool):
+            raise TypeError(f"{names('decode')} must be True or False, not {self.decode!r}")
         return dataclasses.replace(self, gpu_bytes=gpu, host_bytes=host, staging_bytes=staging, budget=budget)
 
     def _checked_budget(self, names: Callable[[str], str]) -> BudgetSpec:
@@ -302,7 +309,7 @@ class StoreSpec:
         if self.partition is not None and (self.packed or host or hot):
             raise ValueError(f"{names('partition')} splits the rows among the ranks: it takes neither "
                              f"{names('packed')}, {names('budget.host_bytes')} nor {names('budget.shared_hot_bytes')}")
-        if self.packed and isinstance(source, torch.Tensor):
+        if self.packed and isinstance(source, (torch.Tensor, EncodedTable)):
             raise ValueError(f"{names('packed')} reads a packed disk store: the source must be its path or store")
         if hot and source is not None and not isinstance(source, (str, os.PathLike)):
             raise ValueError(f"{names('budget.shared_hot_bytes')} maps the packed file's first rows: the source "
@@ -399,6 +406,8 @@ class StoreSpec:
                                "read buffers", "bookkeeping"), 0)
         if isinstance(spec.source, torch.Tensor) and spec.source.device.type == "cpu":
             parts["table"] = n * rnb
+        elif isinstance(spec.source, EncodedTable) and spec.source.codes.device.type == "cpu":
+            parts["table"] = spec.source.nbytes
         elif isinstance(spec.source, (str, os.PathLike)):
             disk = DiskStore.bytes_for(n, rnb, batch_rows=batch, renumbered=spec.packed,
                                        **{k: v for k, v in spec.disk.kwargs().items() if k == "staging_bytes"})

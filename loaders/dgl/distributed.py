@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -24,8 +24,9 @@ import numpy as np
 import torch
 
 from directload.capabilities import require
+from directload.codecs import CodecError
 from directload.errors import DirectloadError
-from directload.stores import DiskOptions, FeatureStore, PartitionedStore, StoreSpec, open_store
+from directload.stores import DecodingStore, DiskOptions, FeatureStore, PartitionedStore, StoreSpec, open_store
 from directload.stores.partitioned import owners
 from directload.stores.remote import KVStoreRows, RemoteReadError, RemoteStore
 
@@ -46,7 +47,8 @@ if TYPE_CHECKING:
 
         def read_async(self, ids: torch.Tensor) -> ReadFuture: ...
 
-__all__ = ["partition", "read_partitions", "store_path", "node_bounds", "dist_features", "DistFeatures", "dist_ids",
+__all__ = ["partition", "read_partitions", "store_path", "node_bounds", "dist_features", "DistFeatures",
+           "DecodedDistFeatures", "dist_ids",
            "dist_epoch", "DistBatches", "KVStoreRows", "ServedRows", "serve_features", "register_service",
            "check_service", "SERVICE_ID", "ServiceIdError", "RemoteReadError", "PartitionMismatchError", "META"]
 
@@ -124,7 +126,9 @@ def serve_features(config: os.PathLike[str] | str, part: int, **disk_options: An
     """In a server process: register the service and open partition ``part``'s disk store for it
     (:func:`~directload.stores.open_store`, with ``disk_options``: :class:`~directload.stores.DiskOptions`)."""
     register_service()
-    _served[int(part)] = open_store(StoreSpec(store_path(config, part), tiers=False, disk=DiskOptions(**disk_options)))
+    # a store of codes is served as codes: the trainer that asked decodes them, so the network carries codes
+    _served[int(part)] = open_store(StoreSpec(store_path(config, part), tiers=False, decode=False,
+                                              disk=DiskOptions(**disk_options)))
     return _served[int(part)]
 
 
@@ -201,7 +205,18 @@ def dist_ids(ids: torch.Tensor | np.ndarray | Sequence[int] | slice | int,
     return ids
 
 
-class DistFeatures(PartitionedStore):
+class _IndexedAsDistTensor:
+    """``x[ids]``, as DGL's ``DistTensor`` is indexed: ``x.read(dist_ids(ids, len(x)))``."""
+
+    if TYPE_CHECKING:  # what the store it is mixed into has
+        num_rows: int
+        read: Callable[..., torch.Tensor]
+
+    def __getitem__(self, ids):
+        return self.read(dist_ids(ids, self.num_rows))
+
+
+class DistFeatures(_IndexedAsDistTensor, PartitionedStore):
     """The features of a ``DistGraph`` as :func:`dist_features` gives them: a
     :class:`~directload.stores.PartitionedStore` that is also indexed as DGL's ``DistTensor`` is:
     ``x[ids]`` (ids as :func:`dist_ids` takes them), ``x.shape``, ``x.dtype``, ``len(x)``.
@@ -218,13 +233,27 @@ class DistFeatures(PartitionedStore):
     ([[10.0, 11.0], [0.0, 1.0]], [[2.0, 3.0], [4.0, 5.0]], (6, 2), 6)
     """
 
-    def __getitem__(self, ids):
-        return self.read(dist_ids(ids, self.num_rows))
+
+class DecodedDistFeatures(_IndexedAsDistTensor, DecodingStore):
+    """The features of a ``DistGraph`` whose partitions hold code rows (``partition(codec=...)``), as
+    :func:`dist_features` gives them: decoded float32 rows of a :class:`DistFeatures` of codes, indexed as
+    DGL's ``DistTensor`` is.  Every machine holds, reads and sends code rows; the trainer decodes last.
+
+    Examples
+    --------
+    >>> from directload.codecs import encode
+    >>> from directload.stores import TensorStore
+    >>> codes = encode(torch.arange(12.0).view(6, 2), "int8").codes
+    >>> x = DecodedDistFeatures(DistFeatures(TensorStore(codes[3:]), TensorStore(codes), [0, 3, 6], part=1), "int8",
+    ...                         own=True)
+    >>> x[torch.tensor([5, 0])].tolist(), x.shape, x.dtype
+    ([[10.0, 11.0], [0.0, 1.0]], (6, 2), torch.float32)
+    """
 
 
 def dist_features(g: DistGraph, config: os.PathLike[str] | str, *, name: str = "feat",
                   ntype: str | None = None, local: FeatureStore | StoreSpec | None = None,
-                  timeout: float = 120.0) -> DistFeatures:
+                  timeout: float = 120.0) -> DistFeatures | DecodedDistFeatures:
     """The features of the ``DistGraph`` ``g`` as one directload store: this machine's rows from ``local``,
     the others through DGL.
 
@@ -239,6 +268,11 @@ def dist_features(g: DistGraph, config: os.PathLike[str] | str, *, name: str = "
     machine's rows as a :class:`~directload.stores.StoreSpec` without a source (``StoreSpec(host_bytes="1G")``:
     a host cache in front of them), opened over them by :func:`~directload.stores.open_store`, or be any
     directload store over them (a unified tensor's ``TensorStore``); either way the features close it.
+
+    Partitions of code rows (``partition(codec=...)``) give :class:`DecodedDistFeatures`: this machine's
+    tiers hold codes (a host cache of a ``local`` spec holds as many more rows as the codes are smaller), the
+    other machines send codes, and the rows are decoded to float32 last, on this trainer.  A ``local`` store
+    given must then hold the same codes.
 
     Parameters
     ----------
@@ -257,7 +291,7 @@ def dist_features(g: DistGraph, config: os.PathLike[str] | str, *, name: str = "
 
     Returns
     -------
-    DistFeatures
+    DistFeatures or DecodedDistFeatures
 
     Raises
     ------
@@ -284,7 +318,13 @@ def dist_features(g: DistGraph, config: os.PathLike[str] | str, *, name: str = "
     if ntype is not None and ntype not in meta["node_bounds"]:
         raise KeyError(f"{ntype!r} is not a node type of the partitions (they have {types})")
     bounds = meta["node_bounds"][ntype or types[0]]
+    codec = meta["codec"]
     spec = local if isinstance(local, StoreSpec) else StoreSpec(tiers=False)
+    if codec is not None:  # every tier of this machine's rows holds codes: decoded on top of the whole
+        held = getattr(local, "codec", codec) if isinstance(local, FeatureStore) else codec
+        if held != codec:
+            raise CodecError(f"the partitions hold {codec} codes, and local holds {held} ones")
+        spec = replace(spec, codec=None if meta["features"] == "memory" else codec, decode=False)
     tensor = None
     if meta["features"] == "memory":
         tensor = g.ndata[name] if ntype is None else g.nodes[ntype].data[name]
@@ -296,10 +336,17 @@ def dist_features(g: DistGraph, config: os.PathLike[str] | str, *, name: str = "
     try:
         remote: RemoteStore = KVStoreRows(tensor) if tensor is not None else \
             ServedRows(bounds, rows.row_shape, rows.dtype, timeout=timeout)
-        return DistFeatures(rows, remote, bounds, part=part, own=True)
+        features = DistFeatures(rows, remote, bounds, part=part, own=True)
     except BaseException:
         if rows is not local:  # what this opened; a store given is the caller's
             rows.close()
+        raise
+    if codec is None:
+        return features
+    try:
+        return DecodedDistFeatures(features, codec, own=True)
+    except BaseException:
+        features.close()
         raise
 
 

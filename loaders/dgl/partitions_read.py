@@ -17,12 +17,13 @@ from typing import Any
 
 import numpy as np
 
+from directload.codecs import CODECS
 from directload.errors import DirectloadError
 from directload.stores import generations
 from directload.stores.partitioned import check_bounds
 
 __all__ = ["read_partitions", "store_path", "node_bounds", "store_token", "PartitionMismatchError", "META", "FORMAT",
-           "VERSION"]
+           "VERSION", "CODEC_VERSION"]
 
 #: directload's record, beside DGL's partition config.
 META = "directload-partitions.json"
@@ -30,6 +31,8 @@ META = "directload-partitions.json"
 FORMAT = "directload-partitions"
 #: The record's version.
 VERSION = 2
+#: The record's version for partitions of code rows (it names their codec).
+CODEC_VERSION = 3
 
 
 class PartitionMismatchError(DirectloadError, ValueError):
@@ -118,7 +121,8 @@ def read_partitions(config: os.PathLike[str] | str) -> dict[str, Any]:
     """What the partitions at ``config`` (DGL's partition config) hold, checked: a dict with ``parts``,
     ``features`` (``"memory"`` or ``"disk"``), ``bounds`` (partition ``p`` owns reshuffled ids
     ``bounds[p]:bounds[p + 1]``; None with several node types), ``node_bounds`` (the same per node type),
-    ``graph``, ``num_feats`` and ``num_classes`` (None where only DGL wrote the partitions), ``recorded``
+    ``graph``, ``num_feats`` and ``num_classes`` (None where only DGL wrote the partitions), ``codec`` (the
+    codec whose code rows the partitions hold, or None for plain rows), ``recorded``
     (whether directload's record was there) and ``config``, the config's path with ``out``'s link resolved:
     pass that on so every later read uses this generation.
 
@@ -146,12 +150,13 @@ def read_partitions(config: os.PathLike[str] | str) -> dict[str, Any]:
     if not record.is_file():
         return {"graph": cfg.get("graph_name"), "parts": int(cfg["num_parts"]), "features": "memory",
                 "bounds": single, "node_bounds": bounds, "num_feats": None, "num_classes": None, "recorded": False,
-                "config": config}
+                "codec": None, "config": config}
     try:
         meta = json.loads(record.read_text())
     except ValueError as exc:
         raise PartitionMismatchError(f"{record} is not a directload record ({exc}); partition again") from exc
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != VERSION:
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or \
+            meta.get("version") not in (VERSION, CODEC_VERSION):
         raise PartitionMismatchError(f"{record} does not say which DGL config it belongs to (written before "
                                      "directload published partitions as one set); partition again with "
                                      "`directload dataset partition`")
@@ -163,7 +168,11 @@ def read_partitions(config: os.PathLike[str] | str) -> dict[str, Any]:
         raise PartitionMismatchError(f"{config.parent}: directload's record names {meta.get('parts')} parts with "
                                      f"bounds {meta.get('bounds')}, DGL's config {cfg['num_parts']} with {single}; "
                                      "partition again")
-    return {**meta, "node_bounds": bounds, "recorded": True, "config": config}
+    codec = meta.get("codec")
+    if (meta["version"] == CODEC_VERSION) != (codec is not None) or (codec is not None and codec not in CODECS):
+        raise PartitionMismatchError(f"{record}: version {meta['version']} with codec {codec!r} is not a record "
+                                     "directload writes; partition again")
+    return {**meta, "codec": codec, "node_bounds": bounds, "recorded": True, "config": config}
 
 
 def store_path(config: os.PathLike[str] | str, part: int) -> Path:

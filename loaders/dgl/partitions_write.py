@@ -40,11 +40,12 @@ import numpy as np
 import torch
 
 from directload.capabilities import require
+from directload.codecs import CODECS, CodecError, encode
 from directload.publish import Publication
 from directload.stores import write_disk_store
 from directload.unified import host_of
 
-from .partitions_read import FORMAT, META, VERSION, node_bounds, store_token
+from .partitions_read import CODEC_VERSION, FORMAT, META, VERSION, node_bounds, store_token
 
 dgl = require("dgl")
 
@@ -59,7 +60,7 @@ _STORE_FILE = re.compile(r"\.?feat\.npy(\.g[0-9]{1,18})?(\.dlstore\.json|\.dlmap
 
 
 def partition(dataset: Dataset, parts: int, out: os.PathLike[str] | str, *, features: str = "memory",
-              method: str = "metis", progress: bool = True) -> Path:
+              method: str = "metis", codec: str | None = None, progress: bool = True) -> Path:
     """Write ``dataset`` as ``parts`` DistDGL partitions, published at ``out`` as one set; returns the path of
     DGL's partition config (``out/<name>.json``).
 
@@ -69,6 +70,11 @@ def partition(dataset: Dataset, parts: int, out: os.PathLike[str] | str, *, feat
     partition's rows, in DGL's reshuffled order, are written as a directload disk store
     (``part{i}/feat.npy``), which the servers and trainers of that machine read, so no machine needs its
     partition's features in memory.  ``directload-partitions.json`` beside the config records which.
+
+    With a ``codec`` (:mod:`directload.codecs`) the rows are stored as its code rows, in DGL's partitions
+    (``uint8`` rows of ``feat``) or in the disk stores, and the record names it: every machine then holds,
+    reads and sends codes, and :func:`~directload.loaders.dgl.distributed.dist_features` decodes them on the
+    trainer, last.  DGL's own fetch (``g.ndata["feat"][ids]``) of such partitions gives code rows.
 
     The whole folder is one generation (see the module's docstring): a run killed at any instant leaves the
     old set or the new one at ``out``, never a mix, and the next run removes what it left.
@@ -84,6 +90,8 @@ def partition(dataset: Dataset, parts: int, out: os.PathLike[str] | str, *, feat
         ``FileExistsError`` and left as it is.
     features : {"memory", "disk"}
     method : {"metis", "random"}
+    codec : str, optional
+        Store the rows as this codec's code rows (``"float16"``, ``"bfloat16"``, ``"int8"``).
 
     Raises
     ------
@@ -112,15 +120,17 @@ def partition(dataset: Dataset, parts: int, out: os.PathLike[str] | str, *, feat
         raise ValueError(f"features must be 'memory' or 'disk', not {features!r}")
     if method not in ("metis", "random"):
         raise ValueError(f"method must be 'metis' or 'random', not {method!r}")
+    if codec is not None and codec not in CODECS:
+        raise CodecError(f"codec must be one of {', '.join(CODECS)}, got {codec!r}")
     if parts > dataset.num_nodes:
         raise ValueError(f"{parts} partitions of {dataset.num_nodes} nodes: at most one partition per node")
     with _PartitionWrite(out, contention="raise") as w:
-        config = _build(dataset, parts, w.build("build"), features, method, progress, w)
+        config = _build(dataset, parts, w.build("build"), features, method, codec, progress, w)
         w.commit()
     return Path(out) / config.name
 
 
-def _build(dataset, parts, where, features, method, progress, w):
+def _build(dataset, parts, where, features, method, codec, progress, w):
     """Every file of one generation in ``where``, the record last; the config's path there."""
     g = dgl.graph((dataset.edge_index[0], dataset.edge_index[1]), num_nodes=dataset.num_nodes)
     g.ndata["label"] = dataset.labels
@@ -130,7 +140,7 @@ def _build(dataset, parts, where, features, method, progress, w):
         g.ndata[f"{name}_mask"] = mask
     feat = host_of(dataset.feat)
     if features == "memory":
-        g.ndata["feat"] = feat
+        g.ndata["feat"] = feat if codec is None else encode(feat, codec, progress=progress).codes
     with contextlib.redirect_stdout(sys.stdout if progress else io.StringIO()):  # DGL reports on stdout
         orig_nids, _ = dgl.distributed.partition_graph(g, dataset.name, parts, str(where), part_method=method,
                                                        return_mapping=True, num_hops=1)
@@ -142,11 +152,13 @@ def _build(dataset, parts, where, features, method, progress, w):
     if features == "disk":
         for p in range(parts):
             rows = feat[torch.from_numpy(orig_nids[bounds[p]:bounds[p + 1]])]
-            path = write_disk_store(rows.numpy(), where / f"part{p}" / "feat.npy", progress=progress)
+            path = write_disk_store(rows.numpy(), where / f"part{p}" / "feat.npy", codec=codec, progress=progress)
             stores[str(p)] = store_token(path)
     np.save(where / "orig_nids.npy", orig_nids)
     w.step("orig_nids")
-    meta = {"format": FORMAT, "version": VERSION, "generation": w.generation, "token": secrets.token_hex(16),
+    # a record of codes is version 3, which an older directload refuses instead of taking codes for features
+    meta = {"format": FORMAT, "version": VERSION if codec is None else CODEC_VERSION, "codec": codec,
+            "generation": w.generation, "token": secrets.token_hex(16),
             "graph": dataset.name, "parts": parts, "features": features, "bounds": bounds,
             "num_feats": int(feat.shape[1]), "num_classes": int(dataset.num_classes), "config": config.name,
             "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest(), "stores": stores,

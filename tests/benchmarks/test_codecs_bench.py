@@ -46,3 +46,10 @@ def test_the_tiers_part_holds_the_rows_the_bytes_allow(quick):
     assert tiers["int8"]["row_bytes"] == 108 and tiers["float16"]["row_bytes"] == 200
     assert tiers["int8"]["disk_requested_bytes"] < tiers["float16"]["disk_requested_bytes"] < \
         tiers["float32"]["disk_requested_bytes"]
+    # the link, by the model: whole 32-byte sectors of each row (a hot row twice in flight read once), so at most
+    # two sectors more than the rows' bytes per row; fewer for smaller rows
+    for t in tiers.values():
+        rows = setup["batches"] * setup["batch_rows"]
+        assert 0 < t["pcie_bytes"] <= rows * (t["row_bytes"] + 64) and t["pcie_bytes"] % 32 == 0
+    assert tiers["int8"]["pcie_bytes"] < tiers["float16"]["pcie_bytes"] < tiers["float32"]["pcie_bytes"]
+    assert tiers["int8"]["pcie_vs_float32"] == tiers["float32"]["pcie_bytes"] / tiers["int8"]["pcie_bytes"]

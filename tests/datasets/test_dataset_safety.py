@@ -77,7 +77,7 @@ def test_generation_writes_aside_and_renames_into_place(tmp_path, monkeypatch):
     def boom(*args):
         raise KeyboardInterrupt  # as if killed halfway
 
-    monkeypatch.setattr(synthetic, "_write_ids_csv_gz", boom)
+    monkeypatch.setattr(synthetic, "write_ids_csv_gz", boom)
     with pytest.raises(KeyboardInterrupt):
         synthesize(tmp_path, "half", SMALL, progress=False)
     assert sorted(os.listdir(tmp_path)) == []  # nothing at the final name, no partial left behind

@@ -10,6 +10,7 @@ from numba import njit
 from directload.codecs import CodecError, EncodedTable, codec, encode
 from directload.kernels import decode, gather, gather_async, host_emu
 from directload.kernels.decode_cpu import float_to_bfloat, float_to_half
+from directload.kernels.loads import KernelLoads
 
 CODECS = ("int8", "float16", "bfloat16")
 OUTS = (torch.float32, torch.float16, torch.bfloat16)
@@ -244,12 +245,12 @@ def test_torchs_path_starts_the_kernel_load_after_about_a_second(monkeypatch, rn
     """Torch's path decodes at 0.08-0.83x the kernel's rows/s, so the load starts after LOAD_AFTER_S (1 s) of it,
     not after the plain gather's 5 s (a 3-epoch run gathered int8 rows 5.6x slower than float32 rows waiting)."""
     calls = []
-    monkeypatch.setattr(decode, "_loaded", set())
-    monkeypatch.setattr(decode, "_fallback_s", 0.0)
-    monkeypatch.setattr(decode, "prepare_decode", lambda *args, **kw: calls.append(args))
+    loads = KernelLoads(lambda key: None, name="test-decode-load")  # this process as if it had loaded none
+    monkeypatch.setattr(loads, "prepare", lambda keys, **kw: calls.append(list(keys)))
+    monkeypatch.setattr(decode, "LOADS", loads)
     table = _table(rng, 50, 8, "int8")
     assert torch.equal(gather(table, torch.tensor([1])), _expect(table, torch.tensor([1]), torch.float32))
-    assert calls == []  # a moment of torch's path: no load yet
-    monkeypatch.setattr(decode, "_fallback_s", 1.0)  # as after a second of it
+    assert calls == [] and 0 < loads.fallback_s < 1.0  # a moment of torch's path: no load yet
+    loads.fallback_s = 1.0  # as after a second of it
     gather(table, torch.tensor([1]))
-    assert decode.LOAD_AFTER_S <= 1.0 and calls == [(("int8",), (torch.float32,), (8,))]
+    assert decode.LOAD_AFTER_S <= 1.0 and calls == [[("int8", "float32", 8)]]

@@ -109,7 +109,7 @@ def test_a_failed_load_is_tried_again_by_the_next_prepare():
             calls.append(args)
             raise RuntimeError("no kernel today")
 
-        key = cpu_path._ready_key(True, 2, 8)
+        key = cpu_path.ready_key(True, 2, 8)
         if key[0] == "torch":
             cpu_kernels.team_kernel = failing
         else:
@@ -121,7 +121,7 @@ def test_a_failed_load_is_tried_again_by_the_next_prepare():
                 assert str(exc) == "no kernel today"
             else:
                 raise AssertionError("the failing load did not raise")
-        assert len(calls) == 2 and not cpu.ready(True, 2, 8) and key not in cpu_path._loading
+        assert len(calls) == 2 and not cpu.ready(True, 2, 8) and not cpu_path.LOADS.loading(key)
         print("ok")
     """)
     assert out.strip() == "ok"

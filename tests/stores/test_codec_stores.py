@@ -17,6 +17,7 @@ from directload.stores import (
     TensorStore,
     open_store,
     read_layout,
+    renumber,
     verify,
     write_disk_store,
 )
@@ -161,3 +162,33 @@ def test_a_spec_over_a_store_of_codes_decodes_it_and_leaves_it_open(coded, table
         assert torch.equal(store.read([1]), codec("int8").decode(codec("int8").encode(table[[1]])))
     assert not disk.closed
     disk.close()
+
+
+@pytest.mark.parametrize("source", ["disk", "tensor"])
+@pytest.mark.parametrize("tiers", [False, True])
+def test_a_spec_that_does_not_decode_reads_the_code_rows_themselves(coded, table, source, tiers):
+    # what a server sends on and a partitioned store decodes above itself: code rows, through every tier
+    spec = StoreSpec(str(coded) if source == "disk" else table, codec="int8", decode=False, tiers=tiers,
+                     host_bytes=10_800 if tiers else 0)  # 100 code rows of 108 bytes
+    want = encode(table[[7, 3]], "int8").codes
+    with open_store(spec) as store:
+        assert store.dtype == torch.uint8 and store.shape == (500, 108)
+        assert torch.equal(store.read([7, 3]), want)
+    assert StoreSpec.from_dict(spec.to_dict() if source == "disk" else {"decode": False}).decode is False
+    with pytest.raises(TypeError, match="decode must be True or False"):
+        StoreSpec(table, codec="int8", decode="no").check()
+
+
+@pytest.mark.parametrize("name", ["int8", "bfloat16"])
+def test_a_store_of_codes_renumbered_stays_a_store_of_the_same_codes(tmp_path, table, name):
+    # before: the copy was written as plain rows of uint8, and a spec over it read codes as features
+    src = write_disk_store(table, tmp_path / "codes.npy", codec=name, progress=False)
+    counts = np.random.default_rng(1).integers(0, 50, 500)
+    packed = renumber(src, tmp_path / "packed.npy", counts, progress=False)
+    assert read_layout(packed).codec == name and read_layout(packed).packed
+    ids = torch.tensor([0, 499, 17, 17])
+    with DiskStore(src) as a, DiskStore(packed) as b:
+        assert b.codec == name and torch.equal(a.read(ids), b.read(ids))
+    with open_store(StoreSpec(str(packed), host_bytes=20_000)) as store:  # decoded, as the store it came from
+        want = codec(name).decode(codec(name).encode(table[ids]))
+        assert store.dtype == torch.float32 and torch.equal(store.read(ids), want)

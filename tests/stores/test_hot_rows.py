@@ -115,14 +115,18 @@ def test_processes_share_one_copy_of_the_hot_rows(tmp_path, shm, rng, ranks):
 
 
 @pytest.mark.ogb
-def test_train_with_shared_hot_rows_inside_a_node_budget(tmp_path, capsys):
+@pytest.mark.parametrize("codec", [None, "int8"])
+def test_train_with_shared_hot_rows_inside_a_node_budget(tmp_path, capsys, codec):
+    # with a codec, the packed store, the hot rows held once per node and the host cache all hold code rows
+    # (40 bytes for synth-tiny's 32 features, against 128), so the same bytes hold 3.2 times the rows
+    with_codec = ["--codec", codec] if codec else []
     assert main(["dataset", "pack", "--name", "synth-tiny", "--root", str(tmp_path), "--fanouts", "4", "4",
-                 "--batch-size", "256", "--epochs", "1", "--no-progress"]) == 0
+                 "--batch-size", "256", "--epochs", "1", "--no-progress", *with_codec]) == 0
     name = f"test-hot-{os.getpid()}"
     common = ["train", "--dataset", "synth-tiny", "--root", str(tmp_path), "--loader", "directload", "--epochs", "2",
               "--fanouts", "4", "4", "--batch-size", "256", "--eval-nodes", "300", "--no-progress"]
     assert main([*common, "--features", "tiered", "--packed", "--staging", "50K", "--node-budget", "300K",
-                 "--shared-hot", "100K", "--budget-name", name, "--out", str(tmp_path / "out")]) == 0
+                 "--shared-hot", "100K", "--budget-name", name, "--out", str(tmp_path / "out"), *with_codec]) == 0
     assert main([*common, "--features", "memory", "--out", str(tmp_path / "plain")]) == 0
     capsys.readouterr()
     run = json.loads(next((tmp_path / "out").glob("*.json")).read_text())["runs"][0]
@@ -130,7 +134,9 @@ def test_train_with_shared_hot_rows_inside_a_node_budget(tmp_path, capsys):
     assert run["budget"]["limits"]["host_bytes"] == (300 << 10) - (100 << 10)
     tiers = run["epochs"][-1]["tiers"]
     assert list(tiers) == ["hot", "host", "disk"]
-    assert tiers["hot"]["capacity_rows"] == (100 << 10) // 128 and tiers["hot"]["hit_rows"] > 0
+    row_bytes = 40 if codec else 128
+    assert tiers["hot"]["capacity_rows"] == (100 << 10) // row_bytes and tiers["hot"]["hit_rows"] > 0
+    assert run["config"]["store"]["codec"] == codec
     # Two epochs of synth-tiny learn little (about 0.3 against 0.2 by chance, not deterministic across runs):
     # the accuracy must match that of the table in memory, not a fixed bar.
     assert abs(run["test_acc"] - plain["test_acc"]) < 0.08

@@ -15,7 +15,8 @@ BENCH_SCRIPTS = {"gather": "gather_bandwidth.py", "alignment": "alignment_sweep.
                  "loader": "loader_e2e.py", "gpu": "gpu_suite.py", "disk": "disk_read.py",
                  "cache": "cache_policies.py", "ooc": "out_of_core.py", "pack": "hot_packing.py",
                  "pyg": "pyg_idioms.py", "versus": "versus.py", "share": "node_share.py",
-                 "dist": "distdgl.py", "sample": "sample_bench.py", "epoch": "gpu_epoch.py", "codecs": "codecs.py"}
+                 "accuracy": "codec_accuracy.py", "dist": "distdgl.py", "sample": "sample_bench.py",
+                 "epoch": "gpu_epoch.py", "codecs": "codecs.py"}
 _SOURCE_TREE = Path(__file__).resolve().parents[3]  # the checkout: directload/harness/commands/bench.py
 
 

@@ -25,12 +25,12 @@ def run(args: argparse.Namespace) -> int:
     if args.name in PRESETS and not dataset_exists(args.root, args.name):
         synthesize(args.root, args.name, progress=not args.no_progress)
     # the disk store it renumbers, written first if missing
-    feature_files(args.root, args.name, "disk", progress=not args.no_progress)
+    feature_files(args.root, args.name, "disk", codec=args.codec, progress=not args.no_progress)
     dataset = load(args.root, args.name)
     cfg = TrainConfig(framework=args.framework, loader="directload", layers=layers, fanouts=fanouts,
                       batch_size=args.batch_size)
     t0 = time.perf_counter()
-    path, counts = pack(dataset, cfg, args.epochs, progress=not args.no_progress)
+    path, counts = pack(dataset, cfg, args.epochs, codec=args.codec, progress=not args.no_progress)
     seen = int((counts > 0).sum())
     print(f"wrote {path} in {time.perf_counter() - t0:.1f} s: {seen} of {dataset.num_nodes} rows read in "
           f"{args.epochs} pre-sampled epochs, now the file's first {seen} rows")

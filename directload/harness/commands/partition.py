@@ -9,17 +9,19 @@ from pathlib import Path
 __all__ = ["run", "partition_dir"]
 
 
-def partition_dir(root: os.PathLike[str] | str, name: str, parts: int, features: str) -> Path:
-    """Where ``directload dataset partition`` writes (and ``train --dist`` reads) a dataset's partitions. Pure.
+def partition_dir(root: os.PathLike[str] | str, name: str, parts: int, features: str,
+                  codec: str | None = None) -> Path:
+    """Where ``directload dataset partition`` writes (and ``train --dist`` reads) a dataset's partitions, of
+    plain rows or of ``codec``'s code rows. Pure.
 
     Examples
     --------
-    >>> str(partition_dir("data", "synth-tiny", 2, "disk"))
-    'data/synth_tiny/partitions-2-disk'
+    >>> str(partition_dir("data", "synth-tiny", 2, "disk")), partition_dir("data", "synth-tiny", 2, "disk", "int8").name
+    ('data/synth_tiny/partitions-2-disk', 'partitions-2-disk-int8')
     """
     from directload.datasets import dataset_dir
 
-    return dataset_dir(root, name) / f"partitions-{parts}-{features}"
+    return dataset_dir(root, name) / f"partitions-{parts}-{features}{'-' + codec if codec else ''}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,8 +36,10 @@ def run(args: argparse.Namespace) -> int:
     if args.name in PRESETS and not dataset_exists(args.root, args.name):
         synthesize(args.root, args.name, progress=not args.no_progress)
     dataset = load(args.root, args.name)
-    out = partition_dir(args.root, args.name, args.parts, args.features)
-    config = partition(dataset, args.parts, out, features=args.features, method=args.method,
+    out = partition_dir(args.root, args.name, args.parts, args.features, args.codec)
+    config = partition(dataset, args.parts, out, features=args.features, method=args.method, codec=args.codec,
                        progress=not args.no_progress)
-    print(f"wrote {args.parts} DistDGL partitions of {args.name} ({args.features} features) to {config}")
+    rows = f"{args.codec} code rows" if args.codec else "features"
+    where = "in memory" if args.features == "memory" else "on disk"
+    print(f"wrote {args.parts} DistDGL partitions of {args.name} ({rows} {where}) to {config}")
     return 0

@@ -45,20 +45,20 @@ def check_args(args: argparse.Namespace, models: Sequence[str], loaders: Sequenc
 def feature_files(root: os.PathLike[str] | str, dataset: str, features: str, *, packed: bool = False,
                   codec: str | None = None, progress: bool = True) -> list[Path]:
     """The feature files of ``dataset`` under ``root`` (the .npy, and the disk store with ``features`` disk or
-    tiered, of ``codec``'s code rows if given, written here on first use, and the packed store with
-    ``packed``), or none when its features live inside OGB's archive."""
+    tiered, or with a ``codec``, of its code rows then, written here on first use, and the packed store with
+    ``packed``), or none when its features live inside OGB's archive and are read in memory."""
     from directload.datasets import FEATURE_FILE, convert, dataset_dir
-    from directload.harness.train import PACKED_FILE
     from directload.harness.train_inputs import disk_file
 
     base = dataset_dir(root, dataset)
     npy = base / "raw" / FEATURE_FILE
-    if features == "memory":
+    if features == "memory" and codec is None:
         return [npy] if npy.exists() else []
-    packed_file = [base / PACKED_FILE] if packed else []
+    packed_file = [base / disk_file(codec, packed=True)] if packed and features != "memory" else []
     if packed_file and not packed_file[0].exists():  # checked first: nothing is written for a run that cannot start
+        flag = f" --codec {codec}" if codec else ""
         raise FileNotFoundError(f"{packed_file[0]} does not exist: write it with `directload dataset pack "
-                                f"--name {dataset}`")
+                                f"--name {dataset}{flag}`")
     if not npy.exists():
         npy = convert(root, dataset)  # features inside OGB's archive: write the .npy first
     store = base / disk_file(codec)

@@ -43,26 +43,33 @@ def run(args: argparse.Namespace, models: Sequence[str], loaders: Sequence[str])
         raise ValueError("DGL's own fetch reads the features its servers hold: --loader dgl (or both) needs "
                          "--features memory")
     check_host()  # root, namespaces, unshare and ip: decisive, so before anything about the partitions
-    config = partition_dir(args.root, args.dataset, args.dist, kind) / f"{args.dataset}.json"
-    if not config.exists():
-        raise FileNotFoundError(f"{config} does not exist: partition first with `directload dataset partition "
-                                f"--name {args.dataset} --parts {args.dist} --features {kind}`")
+    # DGL's own fetch reads plain rows; directload's reads the codec's partitions when --codec names one
+    codecs = {loader: None if loader == "dgl" else store.codec for loader in loaders}
+    configs = {}
+    for loader, codec in codecs.items():
+        config = partition_dir(args.root, args.dataset, args.dist, kind, codec) / f"{args.dataset}.json"
+        if not config.exists():
+            flag = f" --codec {codec}" if codec else ""
+            raise FileNotFoundError(f"{config} does not exist: partition first with `directload dataset partition "
+                                    f"--name {args.dataset} --parts {args.dist} --features {kind}{flag}`")
+        configs[loader] = config
     require("dgl")
     from directload.harness.train_dist import run as run_machines
     from directload.loaders.dgl.distributed import read_partitions
 
-    config = read_partitions(config)["config"]  # before any work: one partitioning, this generation from here
+    # before any work: one partitioning each, this generation from here
+    configs = {loader: read_partitions(config)["config"] for loader, config in configs.items()}
     if args.dataset in PRESETS and not dataset_exists(args.root, args.dataset):
         synthesize(args.root, args.dataset, progress=not args.no_progress)
     # each machine's stack over its partition's rows: tiers (its host cache) with --features tiered
-    machine = replace(store, tiers=args.features == "tiered" and bool(store.host_bytes))
-    report = {"dataset": args.dataset, "machines": args.dist, "features": args.features, "store": machine.to_dict(),
-              "runs": []}
+    machine = replace(store, tiers=args.features == "tiered" and bool(store.host_bytes), codec=None)
+    report = {"dataset": args.dataset, "machines": args.dist, "features": args.features, "codec": store.codec,
+              "store": machine.to_dict(), "runs": []}
     for seed in range(args.seeds):
         for loader in loaders:
             print(f"{loader:>10} seed {seed}: {args.dist} DistDGL machines on this host, one server and one trainer "
                   f"each, {args.epochs} epochs ...", flush=True)
-            trainers = run_machines(config, root=args.root, dataset=args.dataset, epochs=args.epochs,
+            trainers = run_machines(configs[loader], root=args.root, dataset=args.dataset, epochs=args.epochs,
                                     fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden, lr=args.lr,
                                     seed=seed, store=machine, fetch="dgl" if loader == "dgl" else "directload")
             report["runs"].append({"loader": loader, "seed": seed, "test_acc": trainers[0]["test_acc"],

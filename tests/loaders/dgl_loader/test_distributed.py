@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+from directload.codecs import encode
 from directload.datasets import load, synthesize
 from directload.harness.cli import main
 from directload.harness.commands.partition import partition_dir
@@ -28,6 +29,7 @@ from directload.stores import DiskStore
 
 dgl = pytest.importorskip("dgl")
 from directload.loaders.dgl import distributed as dd  # noqa: E402
+from directload.loaders.dgl.partitions_read import CODEC_VERSION  # noqa: E402
 
 try:
     check_host()
@@ -44,11 +46,11 @@ def root(tmp_path_factory):
     return where
 
 
-def _partition(root, features):
-    config = partition_dir(root, "synth-tiny", 2, features) / "synth-tiny.json"
+def _partition(root, features, codec=None):
+    config = partition_dir(root, "synth-tiny", 2, features, codec) / "synth-tiny.json"
     if not config.exists():
         assert main(["dataset", "partition", "--root", str(root), "--name", "synth-tiny", "--parts", "2",
-                     "--features", features, "--no-progress"]) == 0
+                     "--features", features, "--no-progress", *(["--codec", codec] if codec else [])]) == 0
     return config
 
 
@@ -71,6 +73,42 @@ def test_partition_writes_each_parts_rows_in_dgls_order(root):
     part = json.loads(config.read_text())["part-0"]
     assert "feat" not in {k.split("/")[-1] for k in dgl.data.utils.load_tensors(
         str(config.parent / part["node_feats"]))}
+
+
+@pytest.mark.parametrize("features", ["disk", "memory"])
+def test_partitions_of_codes_hold_each_parts_code_rows_and_name_their_codec(root, features):
+    config = _partition(root, features, "int8")
+    meta = dd.read_partitions(config)
+    assert meta["codec"] == "int8" and meta["version"] == CODEC_VERSION and meta["features"] == features
+    assert dd.read_partitions(_partition(root, "disk"))["codec"] is None  # plain partitions: version 2, no codec
+    orig = np.load(config.parent / "orig_nids.npy")
+    host = load(root, "synth-tiny").feat
+    host = host.host if getattr(host, "is_unified", False) else host
+    for p in range(2):
+        lo, hi = meta["bounds"][p], meta["bounds"][p + 1]
+        want = encode(host[torch.from_numpy(orig[lo:hi])], "int8").codes  # 32 codes, scale and offset per row
+        if features == "disk":
+            with DiskStore(dd.store_path(config, p)) as store:
+                assert store.codec == "int8"
+                got = store.read(torch.arange(hi - lo))
+        else:  # in DGL's own partitions, which its servers hold
+            part = json.loads(config.read_text())[f"part-{p}"]
+            got = dgl.data.utils.load_tensors(str(config.parent / part["node_feats"]))["_N/feat"]
+        assert got.dtype == torch.uint8 and got.shape == (hi - lo, 40) and torch.equal(got, want)
+
+
+def test_a_record_of_codes_that_does_not_name_them_is_refused(root, tmp_path):
+    config = _partition(root, "memory", "int8")
+    copy = tmp_path / "parts"
+    shutil.copytree(config.parent, copy)
+    record = copy / dd.META
+    meta = json.loads(record.read_text())
+    record.write_text(json.dumps({**meta, "codec": None}))  # version 3 without its codec: codes read as features
+    with pytest.raises(dd.PartitionMismatchError, match="version 3 with codec None"):
+        dd.read_partitions(copy / config.name)
+    record.write_text(json.dumps({**meta, "codec": "int4"}))
+    with pytest.raises(dd.PartitionMismatchError, match="codec 'int4'"):
+        dd.read_partitions(copy / config.name)
 
 
 @pytest.mark.parametrize("parts, features, method, match", [
@@ -164,6 +202,27 @@ def test_out_of_core_partitions_read_through_tiers_and_the_rpc_service(root):
         assert t["verified"] and t["features"] == "disk" and t["remote_rows"] > 0
         # each machine's rows through the stack open_store opened from the spec, over its partition's store
         assert t["local"] == ["StoreHandle", "TieredStore", "HostCache", "DiskStore"]
+    assert _links_of(os.getpid()) == []
+
+
+@needs_host
+@pytest.mark.slow
+@pytest.mark.parametrize("features", ["disk", "memory"])
+def test_machines_hold_read_and_send_codes_and_the_trainer_decodes_them(root, features):
+    from directload.harness.train_dist import run
+    from directload.stores import StoreSpec
+
+    config = _partition(root, features, "int8")
+    # a host cache of 64 KiB in front of the disk store holds 1,638 code rows of 40 bytes (512 float32 rows)
+    store = StoreSpec(host_bytes=64 << 10) if features == "disk" else None
+    trainers = run(config, root=root, dataset="synth-tiny", epochs=1, fanouts=(4, 4), batch_size=128, store=store,
+                   verify=True, timeout=1200)
+    for t in trainers:
+        # every batch's rows are exactly the dataset's as their int8 codes decode
+        assert t["verified"] and t["codec"] == "int8" and t["features"] == features
+        assert t["remote_rows"] > 0 and t["remote_bytes"] == 40 * t["remote_rows"]  # codes, not 128-byte rows
+        if features == "disk":
+            assert t["local"] == ["StoreHandle", "TieredStore", "HostCache", "DiskStore"]
     assert _links_of(os.getpid()) == []
 
 
@@ -441,6 +500,11 @@ def test_dist_without_partitions_says_how_to_make_them(tmp_path, capsys):
     assert main(["train", "--dist", "3", "--dataset", "synth-tiny", "--root", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "directload dataset partition --name synth-tiny --parts 3 --features memory" in err
+    # with a codec, directload's loader reads partitions of code rows, DGL's own the plain ones
+    assert main(["train", "--dist", "3", "--dataset", "synth-tiny", "--root", str(tmp_path), "--codec", "int8",
+                 "--loader", "directload"]) == 1
+    err = capsys.readouterr().err
+    assert "partitions-3-memory-int8" in err and "--parts 3 --features memory --codec int8`" in err
 
 
 @pytest.mark.parametrize("host, says", [
