@@ -2,8 +2,10 @@
 
 import json
 import math
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -313,7 +315,8 @@ def test_train_with_a_codec_reads_code_rows_beside_the_frameworks_loader(tmp_pat
     assert report["meta"]["codec"] == "int8"
 
 
-def test_a_run_with_a_codec_and_features_in_memory_maps_the_store_of_codes(tmp_path):
+@pytest.mark.parametrize("name", ["float16", "bfloat16", "int8"])
+def test_a_run_with_a_codec_and_features_in_memory_maps_the_store_of_codes(tmp_path, name):
     """``--codec float16 --features memory``: the run's store is the dataset's store of codes mapped into memory
     (written on first use, so every rank of a node maps one copy and no run encodes the table again), decoded
     inside the gather; without a codec directload's loader reads the table itself."""
@@ -327,16 +330,20 @@ def test_a_run_with_a_codec_and_features_in_memory_maps_the_store_of_codes(tmp_p
     synthesize(tmp_path, "synth-tiny", progress=False)
     dataset = load(tmp_path, "synth-tiny")
     assert run_store(dataset, RunOptions(loader="directload", features="memory")) is None
-    assert feature_files(tmp_path, "synth-tiny", "memory", codec="float16", progress=False)[-1].name == \
-        "node-feat.float16.npy"
-    handle = run_store(dataset, RunOptions(loader="directload", features="memory", store=StoreSpec(codec="float16")))
+    assert feature_files(tmp_path, "synth-tiny", "memory", codec=name, progress=False)[-1].name == \
+        f"node-feat.{name}.npy"
+    handle = run_store(dataset, RunOptions(loader="directload", features="memory", store=StoreSpec(codec=name)))
     try:
         store = handle.store
-        assert isinstance(store, TensorStore) and store.encoded.codec.name == "float16"
-        assert store.encoded.codes.is_unified  # mapped from the file, not a private copy
+        assert isinstance(store, TensorStore) and store.encoded.codec.name == name
+        # mapped from the file, not a private copy (bfloat16's 16 bits mapped as int16, then viewed)
+        codes, path = store.encoded.codes, os.path.realpath(tmp_path / "synth_tiny" / "disk" / f"node-feat.{name}.npy")
+        maps = [line.split() for line in Path("/proc/self/maps").read_text().splitlines()]
+        spans = [tuple(int(a, 16) for a in m[0].split("-")) for m in maps if len(m) > 5 and m[5] == path]
+        assert any(lo <= codes.data_ptr() < hi for lo, hi in spans), (path, spans)
         assert store.shape == tuple(dataset.feat.shape)
         ids = [0, 7, 7]
-        want = codec("float16").decode(codec("float16").encode(torch.as_tensor(dataset.feat[ids])))
+        want = codec(name).decode(codec(name).encode(torch.as_tensor(dataset.feat[ids])))
         assert torch.equal(store.read(ids), want)
     finally:
         handle.close()

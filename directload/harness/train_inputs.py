@@ -115,12 +115,24 @@ def store_spec(dataset: Dataset, cfg: RunConfig) -> StoreSpec:
     if cfg.features != "memory":
         source = feature_file(dataset, packed=cfg.store.packed, codec=codec)
     elif codec is not None:
-        from directload import from_file
-        from directload.codecs import EncodedTable
-        from directload.codecs import codec as find_codec
-
-        source = EncodedTable(from_file(feature_file(dataset, codec=codec)), find_codec(codec))
+        source = _mapped_codes(feature_file(dataset, codec=codec), codec)
     return _over(cfg, source, torch.device(cfg.device), dataset.name)
+
+
+def _mapped_codes(path: Path, codec: str) -> Any:
+    """The disk store of codes at ``path`` mapped into memory, as an :class:`~directload.codecs.EncodedTable`.
+    bfloat16 codes are stored as their 16 bits (numpy has no bfloat16, and torch maps no uint16 before 2.3):
+    mapped as int16, then viewed as bfloat16."""
+    from directload import from_file
+    from directload.codecs import EncodedTable
+    from directload.codecs import codec as find_codec
+    from directload.stores import read_layout
+
+    layout = read_layout(path)
+    if layout.dtype is torch.bfloat16:
+        bits = from_file(path, dtype=np.int16, shape=layout.shape, offset=layout.data_offset, pin="auto")
+        return EncodedTable(bits.view(torch.bfloat16), find_codec(codec))
+    return EncodedTable(from_file(path, pin="auto"), find_codec(codec))
 
 
 def _over(cfg: RunConfig, source: Any, device: torch.device, name: str) -> StoreSpec:
