@@ -15,7 +15,7 @@ namespace, one server and one trainer each; needs root).  Per seed, side by side
 
 Reported per mode: the time the training thread spends on one batch's features (median of every batch of
 the steady epochs over every machine, with p10/p90), its ratio to ``dgl``'s, the bytes of other machines'
-rows per batch (what the network carries), the steady epoch time (slowest machine), and the test accuracy;
+rows a run read (what the network carries), the steady epoch time (slowest machine), and the test accuracy;
 plus one process training on the whole graph with the same global batch (``directload train``), the accuracy
 reference.  Writes ``results/distdgl.json`` and ``.png``.
 """
@@ -75,8 +75,8 @@ def _summary(mode, runs, base=None):
            "fetch_p90": float(np.percentile(fetch, 90)), "epoch_s": statistics.median(epoch),
            "epoch_min": min(epoch), "epoch_max": max(epoch), "acc_mean": statistics.mean(acc) * 100,
            "acc_sd": statistics.pstdev(acc) * 100, "batches": len(fetch),
-           "remote_kib_per_batch": sum(t["remote_bytes"] for r in runs for t in r)
-           / max(1, sum(e["batches"] for r in runs for t in r for e in t["epochs"])) / 1024,
+           # the bytes of other machines' rows one run read (its trainers' epochs and evaluation), per seed
+           "remote_mib_per_run": sum(t["remote_bytes"] for r in runs for t in r) / len(runs) / 2**20,
            "remote_frac": sum(t["remote_rows"] for r in runs for t in r)
            / max(1, sum(t["remote_rows"] + t["local_rows"] for r in runs for t in r))}
     row["vs_dgl"] = row["fetch_ms"] / base["fetch_ms"] if base else 1.0
@@ -132,7 +132,7 @@ def main():
     base = _summary("dgl", results["dgl"]) if "dgl" in results else None
     rows = [_summary(m, results[m], base) for m in args.modes]
     rows.append({"mode": "1 process", "acc_mean": statistics.mean(one) * 100, "acc_sd": statistics.pstdev(one) * 100})
-    print_table(rows, ["mode", "fetch_ms", "fetch_p10", "fetch_p90", "vs_dgl", "remote_kib_per_batch", "epoch_s",
+    print_table(rows, ["mode", "fetch_ms", "fetch_p10", "fetch_p90", "vs_dgl", "remote_mib_per_run", "epoch_s",
                        "epoch_min", "epoch_max", "remote_frac", "acc_mean", "acc_sd", "batches"])
     path = write_json("distdgl", {"system": system_facts(), "args": vars(args), "partition_bytes": int(part_bytes),
                                   "summary": rows, "runs": results, "one_process_acc": one})

@@ -79,16 +79,23 @@ def test_out_of_core_plot_shows_every_configuration_against_the_ideal(captured, 
 def test_out_of_core_caps_hold_what_each_feature_store_holds(captured, cuda, tmp_path):
     ooc = importlib.import_module("out_of_core")
     args = type("A", (), {"root": str(tmp_path), "dataset": "synth-ooc", "epochs": 2, "fanouts": [10, 5],
-                          "batch_size": 256, "host_frac": 0.25, "gpu_frac": 0.05, "staging": 256 << 20})()
+                          "batch_size": 256, "host_frac": 0.25, "gpu_frac": 0.05, "staging": 256 << 20,
+                          "codecs": ["int8"]})()
     table = 10 ** 6 * 4096  # synth-ooc, not made: its preset's sizes
     host, gpu, staging = table // 4, table // 20, 256 << 20
-    stacks = {name: ooc.stack_bytes(args, extra, cuda) for name, extra in ooc.configs(args, table)}
+    configs = dict(ooc.configs(args, table, (10 ** 6, 1024)))
+    stacks = {name: ooc.stack_bytes(args, extra, cuda) for name, extra in configs.items()}
     assert stacks["DGL + memmap"] == 0 and 0 < stacks["DiskStore"] <= 64 << 20  # no store; a disk store's staging
     for name in ("HostCache lru", "HostCache sieve", "HostCache lookahead"):
         assert stacks[name] > host + staging  # the cache, its read-ahead slots, its buffers and bookkeeping
     tier = stacks["TieredStore"] - stacks["HostCache lookahead"]  # the GPU tier's part in host memory
     assert tier > gpu if not cuda else 0 < tier < gpu  # its slots where CUDA does not run; staging always
     assert stacks["TieredStore packed"] > stacks["TieredStore"]  # the warm's rounds
+    # int8 codes: a cache of the float32 cache's bytes, and one of its rows (1,032-byte code rows, not 4,096)
+    assert configs["HostCache lookahead int8"][-2:] == ["--codec", "int8"]
+    assert stacks["HostCache lookahead int8"] == stacks["HostCache lookahead"]
+    same_rows = configs["HostCache lookahead int8 equal rows"]
+    assert int(same_rows[same_rows.index("--host-cache") + 1]) == host * 1032 // 4096
     assert not list(tmp_path.iterdir())
 
 
