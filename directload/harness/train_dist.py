@@ -91,6 +91,10 @@ def trainer_main(s: dict[str, Any], machine: int) -> None:
     torch.distributed.init_process_group("gloo", init_method=f"tcp://{s['master']}:{s['gloo_port']}",
                                          rank=machine, world_size=s["machines"],
                                          timeout=datetime.timedelta(seconds=s["timeout"]))
+    if meta["codec"] is not None:  # a training run is long: load the kernel that decodes the rows now
+        from directload.kernels.decode import prepare_decode
+
+        prepare_decode((meta["codec"],), background=False)
     torch.manual_seed(s["seed"])
     dgl.seed(s["seed"])
     g = dgl.distributed.DistGraph(meta["graph"], part_config=s["config"])
