@@ -24,14 +24,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _common import RESULTS, parse_with_quick, print_table, system_facts
 from tqdm import tqdm
 
-from directload.codecs import CODECS, codec
-from directload.datasets import PRESETS, dataset_exists, load, synthesize
-from directload.harness.parser import HelpFormatter
-from directload.harness.plotting import pyplot, save_figure
-from directload.unified import host_of
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, parse_with_quick, print_table, system_facts  # noqa: E402
+
+from directload.codecs import CODECS, codec  # noqa: E402
+from directload.datasets import PRESETS, dataset_exists, load, synthesize  # noqa: E402
+from directload.harness.parser import HelpFormatter  # noqa: E402
+from directload.harness.plotting import pyplot, save_figure  # noqa: E402
+from directload.unified import host_of  # noqa: E402
 
 GOAL = {"float16": 0.3, "bfloat16": 0.3, "int8": 0.5}  # points of test accuracy from float32's
 QUICK = {"datasets": ["synth-tiny"], "models": ["sage"], "seeds": 1, "epochs": 1, "codecs": ["float32", "int8"]}
@@ -102,39 +104,54 @@ def main(argv=None):
         (datasets if dataset_exists(args.root, name) else skipped).append(name)
     for name in skipped:
         print(f"codec_accuracy: skipping {name}: not under {args.root} (import it: directload dataset import FILE.npz)")
-    rows, errors, framework = [], {}, None
+    rows, framework = [], None
+    out = Path(args.results)
+    out.mkdir(parents=True, exist_ok=True)
     with tqdm(total=len(datasets) * len(args.codecs), desc="codec accuracy runs") as bar:
         for name in datasets:
             feat = host_of(load(args.root, name).feat)
-            errors[name] = {c: reconstruction(feat, c) for c in args.codecs if c != "float32"}
+            errors = {c: reconstruction(feat, c) for c in args.codecs if c != "float32"}
             accs = {}
             for c in args.codecs:
-                with tempfile.TemporaryDirectory(prefix="directload-codec-acc-") as out:
-                    accs[c], framework = train_runs(args, name, c, out)
+                with tempfile.TemporaryDirectory(prefix="directload-codec-acc-") as where:
+                    accs[c], framework = train_runs(args, name, c, where)
                 bar.update()
-            for model in args.models:
-                base = statistics.median(accs["float32"][model])
-                for c in args.codecs:
-                    a = accs[c][model]
-                    med = statistics.median(a)
-                    row = {"dataset": name, "model": model, "codec": c, "acc_median": med, "acc_min": min(a),
-                           "acc_max": max(a), "vs_float32_pp": med - base, "seeds": a}
-                    if c != "float32":
-                        row.update(errors[name][c], goal_pp=GOAL[c], within_goal=abs(med - base) <= GOAL[c])
-                    rows.append(row)
+            rows += summary(args, name, accs, errors)
+            stem = write(out, args, framework, skipped, rows)  # after each dataset: a long run keeps what it did
     print(f"\ntest accuracy %, median over {args.seeds} seeds of {args.epochs} epochs ({framework}), and the "
           "rows' reconstruction error (relative L2 per row; abs error / the codec's bound)")
     shown = [{**r, **{k: f"{r[k]:.2e}" for k in ("rel_median", "rel_p99", "rel_max") if k in r}} for r in rows]
     print_table(shown, ["dataset", "model", "codec", "acc_median", "acc_min", "acc_max", "vs_float32_pp", "goal_pp",
                         "within_goal", "rel_median", "rel_p99", "rel_max", "abs_vs_bound_max"])
-    out = Path(args.results)
-    out.mkdir(parents=True, exist_ok=True)
+    if rows:
+        plot(rows, out / f"{stem}.png", framework)
+        print(f"wrote {out / (stem + '.json')} and {out / (stem + '.png')}")
+
+
+def summary(args, name, accs, errors):
+    """The rows of dataset ``name``: per model and codec, the accuracies over the seeds and their difference from
+    float32's median, with the codec's reconstruction error and the goal."""
+    rows = []
+    for model in args.models:
+        base = statistics.median(accs["float32"][model])
+        for c in args.codecs:
+            a = accs[c][model]
+            med = statistics.median(a)
+            row = {"dataset": name, "model": model, "codec": c, "acc_median": med, "acc_min": min(a),
+                   "acc_max": max(a), "vs_float32_pp": med - base, "seeds": a}
+            if c != "float32":
+                row.update(errors[c], goal_pp=GOAL[c], within_goal=abs(med - base) <= GOAL[c])
+            rows.append(row)
+    return rows
+
+
+def write(out, args, framework, skipped, rows):
+    """The JSON of the rows so far; its file stem."""
     stem = f"codec_accuracy_{framework}" if framework else "codec_accuracy"
     (out / f"{stem}.json").write_text(json.dumps({"system": system_facts(), "args": vars(args),
                                                   "framework": framework, "skipped": skipped, "rows": rows},
                                                  indent=1))
-    plot(rows, out / f"{stem}.png", framework)
-    print(f"wrote {out / (stem + '.json')} and {out / (stem + '.png')}")
+    return stem
 
 
 def plot(rows, path, framework):

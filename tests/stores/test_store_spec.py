@@ -33,7 +33,7 @@ def disk(tmp_path):
 
 
 @pytest.mark.parametrize(("spec", "error", "match"), [
-    (dict(source=3), TypeError, "source must be a path, a tensor or a FeatureStore, not int"),
+    (dict(source=3), TypeError, "source must be a path, a tensor, an EncodedTable or a FeatureStore, not int"),
     (dict(host_bytes=-1), ValueError, "host_bytes"),
     (dict(staging_bytes="lots"), ValueError, "staging_bytes"),
     (dict(policy="fifo"), ValueError, r"policy must be one of \('lookahead'"),
@@ -104,7 +104,7 @@ def test_a_spec_round_trips_through_json(spec):
     data = json.loads(json.dumps(spec.to_dict()))  # JSON's types only
     assert StoreSpec.from_dict(data) == spec
     assert set(data) == {"source", "tiers", "gpu_bytes", "host_bytes", "staging_bytes", "policy", "device", "packed",
-                         "budget", "partition", "disk", "codec"}
+                         "budget", "partition", "disk", "codec", "decode"}
 
 
 def test_what_is_not_data_is_refused_when_written_and_unknown_keys_when_read(disk):
